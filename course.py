@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Set up and start the course, or run its tests: the two commands the README opens with.
+
+    python3 course.py start        # install into .venv, open JupyterLab at the course index
+    python3 course.py test         # install into .venv, run unit tests + every notebook (nbval)
+    python3 course.py test --full  # the same at full problem sizes (on a GPU host)
+
+If the running Python already has everything the course needs (a GPU host with its own
+torch and the notebook tools on PYTHONPATH), it is used as it is and nothing is installed.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+TORCH_TESTED = "torch==2.13.0"  # installed only where no torch is present
+NEEDED = ["torch", "numpy", "matplotlib", "ipykernel", "ipywidgets", "nbval", "papermill", "tqdm", "pytest"]
+if sys.platform.startswith("linux"):
+    NEEDED.append("triton")
+NOTEBOOK_DIRS = ["notebooks", "solutions", "exercises"]
+
+
+def has_everything(python: str, extra: list[str]) -> bool:
+    code = "import importlib.util,sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))"
+    return subprocess.run([python, "-c", code, *NEEDED, *extra], cwd=ROOT).returncode == 0
+
+
+def venv_python() -> str:
+    return str(VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
+
+
+def ensure_env(extra: list[str]) -> str:
+    """The Python to run the course with, installing into .venv only what is missing."""
+    if has_everything(sys.executable, extra):
+        return sys.executable
+    if not Path(venv_python()).exists():
+        print(f"course: creating {VENV} (it sees this Python's packages, so a GPU build of torch is reused)")
+        venv.EnvBuilder(with_pip=True, system_site_packages=True).create(VENV)
+    py = venv_python()
+    stamp = VENV / ".installed"
+    wanted = hashlib.sha1((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == wanted and has_everything(py, extra):
+        return py
+    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    if subprocess.run([py, "-c", "import torch"], capture_output=True).returncode != 0:
+        print(f"course: installing {TORCH_TESTED}")
+        subprocess.run([*pip, TORCH_TESTED], check=True)
+    print("course: installing labkit and the notebook tools (a minute or two the first time)")
+    subprocess.run([*pip, "-e", str(ROOT)], check=True)
+    stamp.write_text(wanted)
+    return py
+
+
+def run_env(full: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("MPLBACKEND", "Agg")
+    env["LABKIT_QUICK"] = "0" if full else env.get("LABKIT_QUICK", "1")
+    return env
+
+
+def test(args: argparse.Namespace) -> int:
+    py = ensure_env([])
+    paths = ["tests"] + [d for d in NOTEBOOK_DIRS if any((ROOT / d).glob("*.ipynb"))]
+    cmd = [py, "-m", "pytest", *paths, "--nbval-lax", "--nbval-current-env",
+           f"--nbval-cell-timeout={3600 if args.full else 600}", "-p", "no:cacheprovider", *args.pytest_args]
+    print("course:", " ".join(cmd[1:]))
+    return subprocess.run(cmd, cwd=ROOT, env=run_env(args.full)).returncode
+
+
+def start(args: argparse.Namespace) -> int:
+    py = ensure_env(["jupyterlab"])
+    env = run_env(full=False)
+    env.pop("LABKIT_QUICK")  # let labkit choose: quick without a GPU, full size with one
+    env.pop("MPLBACKEND")  # inline plots
+    cmd = [py, "-m", "jupyter", "lab", str(ROOT / "notebooks" / "index.ipynb"), *args.jupyter_args]
+    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("test", help="run the unit tests and execute every notebook with nbval")
+    t.add_argument("--full", action="store_true", help="full problem sizes (for a GPU host)")
+    t.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --)")
+    s = sub.add_parser("start", help="open the course in JupyterLab")
+    s.add_argument("jupyter_args", nargs="*", help="passed on to jupyter lab (after --)")
+    args = ap.parse_args()
+    return test(args) if args.command == "test" else start(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""labkit: the timing helpers, machine facts and kernels behind the course's notebooks.
+
+Importing labkit never imports triton: call `labkit.setup()` first, so that on a machine
+without a GPU the Triton interpreter is on before any kernel is defined.
+"""
+from labkit import ceilings
+from labkit.device import current, gpu_count, have_gpus, machine_info, setup, show_machine, sized
+from labkit.record import record
+from labkit.timing import Timing, bench, gbps, tflops
+
+__all__ = ["ceilings", "current", "gpu_count", "have_gpus", "machine_info", "setup", "show_machine",
+           "sized", "record", "Timing", "bench", "gbps", "tflops"]

@@ -1,0 +1,189 @@
+"""One benchmark helper for the whole course: warm-up, repeated samples, median and spread.
+
+On a GPU each sample is timed with CUDA events (the host clock would time only the launch);
+on the CPU with `time.perf_counter`. The method follows `triton.testing.do_bench`: estimate,
+warm up, then time each call separately, flushing the L2 cache before each one by default.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from labkit.device import current
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Milliseconds per call: the median, the 20th/80th percentiles and every sample."""
+
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    n: int
+    samples: list[float] = field(repr=False, default_factory=list)
+
+    @property
+    def median_us(self) -> float:
+        return self.median_ms * 1e3
+
+    @property
+    def spread(self) -> float:
+        """(p80 - p20) / median: 0.05 means the middle 60% of samples lie within 5%."""
+        return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+    def __str__(self) -> str:
+        return (f"{_fmt_ms(self.median_ms)} (p20-p80 {_fmt_ms(self.p20_ms)}-{_fmt_ms(self.p80_ms)}, "
+                f"n={self.n})")
+
+
+def _fmt_ms(ms: float) -> str:
+    return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.3f} ms"
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if len(xs) == 1:
+        return xs[0]
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(samples: list[float]) -> Timing:
+    """A `Timing` from raw per-call samples in milliseconds."""
+    if not samples:
+        raise ValueError("no samples to summarize")
+    return Timing(statistics.median(samples), _quantile(samples, 0.2), _quantile(samples, 0.8),
+                  len(samples), list(samples))
+
+
+_l2_flush: dict[int, torch.Tensor] = {}
+
+
+def flush_l2(device: torch.device) -> None:
+    """Overwrite a 256 MiB buffer so the next kernel starts with a cold L2 cache."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _l2_flush:
+        _l2_flush[index] = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=device)
+    _l2_flush[index].zero_()
+
+
+def bench(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float = 100.0,
+          min_reps: int = 5, max_reps: int = 10_000, flush_cache: bool = True,
+          cuda_graph: bool = False, device: torch.device | str | None = None) -> Timing:
+    """Time `fn()`: warm up for `warmup_ms`, then sample it for about `rep_ms`.
+
+    flush_cache: on a GPU, start each sample with a cold L2 (as `do_bench` does).
+    cuda_graph: capture many calls in one CUDA graph and time its replays, so launch overhead
+    drops out; use it for kernels of a few microseconds.
+    """
+    device = torch.device(device) if device is not None else current().device
+    if device.type == "cuda":
+        if cuda_graph:
+            return _bench_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps)
+        return _bench_events(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_cache)
+    if cuda_graph:
+        raise ValueError("cuda_graph=True needs a CUDA device; this benchmark runs on the CPU.")
+    return _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps)
+
+
+def _reps(estimate_ms: float, budget_ms: float, min_reps: int, max_reps: int) -> int:
+    return int(min(max_reps, max(min_reps, budget_ms / max(estimate_ms, 1e-6))))
+
+
+def _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    estimate = (time.perf_counter() - t0) * 1e3
+    for _ in range(_reps(estimate, warmup_ms, 1, max_reps)):
+        fn()
+    samples = []
+    for _ in range(_reps(estimate, rep_ms, min_reps, max_reps)):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return summarize(samples)
+
+
+def _bench_events(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_cache) -> Timing:
+    with torch.cuda.device(device):
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            if flush_cache:
+                flush_l2(device)
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        estimate = start.elapsed_time(end) / 5
+        for _ in range(_reps(estimate, warmup_ms, 1, max_reps)):
+            fn()
+        n = _reps(estimate, rep_ms, min_reps, max_reps)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for s, e in zip(starts, ends):
+            if flush_cache:
+                flush_l2(device)
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
+
+
+def _bench_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        # How long is one call? Time a graph of 10 calls, then size the real graph to ~ rep_ms/20.
+        probe = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(probe):
+            for _ in range(10):
+                fn()
+        probe.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        probe.replay()
+        end.record()
+        torch.cuda.synchronize()
+        per_call = max(start.elapsed_time(end) / 10, 1e-4)
+        calls = max(1, min(1000, int(rep_ms / 20 / per_call)))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        for _ in range(_reps(per_call * calls, warmup_ms, 1, max_reps)):
+            graph.replay()
+        n = _reps(per_call * calls, rep_ms, min_reps, max_reps)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for s, e in zip(starts, ends):
+            s.record()
+            graph.replay()
+            e.record()
+        torch.cuda.synchronize()
+        return summarize([s.elapsed_time(e) / calls for s, e in zip(starts, ends)])
+
+
+def gbps(nbytes: float, ms: float) -> float:
+    """Bytes moved in `ms` milliseconds, as GB/s (1 GB = 1e9 bytes)."""
+    return nbytes / ms / 1e6
+
+
+def tflops(flops: float, ms: float) -> float:
+    """Floating-point operations done in `ms` milliseconds, as TFLOP/s."""
+    return flops / ms / 1e9
