@@ -69,9 +69,11 @@ def run_env(full: bool) -> dict[str, str]:
 
 def test(args: argparse.Namespace) -> int:
     py = ensure_env([])
-    paths = ["tests"] + [d for d in NOTEBOOK_DIRS if any((ROOT / d).glob("*.ipynb"))]
+    chosen = [a for a in args.pytest_args if not a.startswith("-")]
+    options = [a for a in args.pytest_args if a.startswith("-")]
+    paths = chosen or ["tests"] + [d for d in NOTEBOOK_DIRS if any((ROOT / d).glob("*.ipynb"))]
     cmd = [py, "-m", "pytest", *paths, "--nbval-lax", "--nbval-current-env",
-           f"--nbval-cell-timeout={3600 if args.full else 600}", "-p", "no:cacheprovider", *args.pytest_args]
+           f"--nbval-cell-timeout={3600 if args.full else 600}", "-p", "no:cacheprovider", *options]
     print("course:", " ".join(cmd[1:]))
     return subprocess.run(cmd, cwd=ROOT, env=run_env(args.full)).returncode
 
@@ -90,7 +92,9 @@ def main() -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     t = sub.add_parser("test", help="run the unit tests and execute every notebook with nbval")
     t.add_argument("--full", action="store_true", help="full problem sizes (for a GPU host)")
-    t.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --)")
+    t.add_argument("pytest_args", nargs="*",
+                   help="after --: paths to test instead of all (e.g. tests notebooks/02_transfer_cost.ipynb) "
+                        "and pytest options")
     s = sub.add_parser("start", help="open the course in JupyterLab")
     s.add_argument("jupyter_args", nargs="*", help="passed on to jupyter lab (after --)")
     args = ap.parse_args()

@@ -5,7 +5,7 @@ without a GPU the Triton interpreter is on before any kernel is defined.
 """
 from labkit import ceilings
 from labkit.device import current, gpu_count, have_gpus, machine_info, setup, show_machine, sized
-from labkit.record import record
+from labkit.figures import record
 from labkit.timing import Timing, bench, gbps, tflops
 
 __all__ = ["ceilings", "current", "gpu_count", "have_gpus", "machine_info", "setup", "show_machine",

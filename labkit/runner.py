@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from labkit.record import figures_in
+from labkit.figures import figures_in
 
 COURSE_ROOT = Path(__file__).resolve().parent.parent
 

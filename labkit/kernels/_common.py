@@ -1,0 +1,88 @@
+"""Input checks and launch helpers shared by labkit's Triton kernels."""
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+import torch
+
+from labkit.device import current
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Decided once, when labkit.kernels is first imported (after labkit.setup()): triton.jit reads
+# TRITON_INTERPRET when a kernel is defined, so every kernel here is either compiled for the GPU
+# or interpreted on the CPU for the life of the process.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def dtype_names(dtypes: Iterable[torch.dtype]) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(op: str, name: str, t: object, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> torch.Tensor:
+    """Raise a clear error unless `t` is a tensor on the device the kernels run on, of an accepted dtype."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, not {type(t).__name__}")
+    if INTERPRETED:
+        if t.device.type != "cpu":
+            raise ValueError(
+                f"{op}: {name} is on {t.device}, but labkit's Triton kernels run in the interpreter on the CPU "
+                f"here (labkit.setup() chose {current().device}). Move it with {name}.cpu(), or restart and call "
+                f"labkit.setup(device='cuda') before importing labkit.kernels.")
+    elif t.device.type != "cuda":
+        raise ValueError(
+            f"{op}: {name} is on {t.device}, but labkit's Triton kernels run on the GPU: "
+            f"move it with {name}.to('cuda').")
+    if t.dtype not in dtypes:
+        raise TypeError(
+            f"{op}: {name} has dtype {str(t.dtype).replace('torch.', '')}; accepted: {dtype_names(dtypes)}. "
+            f"Convert it, e.g. {name}.float().")
+    return t
+
+
+def check_same_device(op: str, **tensors: torch.Tensor) -> None:
+    devices = {n: t.device for n, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        where = ", ".join(f"{n} on {d}" for n, d in devices.items())
+        raise ValueError(f"{op}: all inputs must be on one device ({where}): move them with .to(...).")
+
+
+def check_same_dtype(op: str, **tensors: torch.Tensor) -> None:
+    dtypes = {n: t.dtype for n, t in tensors.items()}
+    if len(set(dtypes.values())) > 1:
+        what = ", ".join(f"{n} is {str(d).replace('torch.', '')}" for n, d in dtypes.items())
+        raise TypeError(f"{op}: inputs must share one dtype ({what}): convert them with .to(dtype).")
+
+
+def rows_2d(x: torch.Tensor) -> torch.Tensor:
+    """`x` as (rows, last dim) with a unit stride along the last dim (a view when possible, else a copy)."""
+    x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    if x2.shape[-1] > 1 and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    return x2
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few programs are plenty
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def row_tile(n_cols: int, elem_budget: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for a kernel that holds BLOCK_M whole rows in registers.
+
+    Short rows are packed several to a program so each program still moves a few KiB;
+    num_warps grows with the tile so that each thread holds about 8-32 values.
+    """
+    block_n = next_pow2(n_cols)
+    block_m = max(1, elem_budget // block_n)
+    tile = block_m * block_n
+    num_warps = max(4, min(16, tile // 512))
+    if INTERPRETED:
+        num_warps = 1
+    return block_m, block_n, num_warps

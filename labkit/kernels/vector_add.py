@@ -1,0 +1,68 @@
+"""z = x + y, elementwise: the first Triton kernel.
+
+Bytes: read x and y, write z: 3 * n * element_size (12n for fp32, 6n for fp16/bf16).
+FLOPs: n additions. A memory-bound kernel: its speed is the speed of moving those bytes.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from labkit.kernels._common import FLOAT_DTYPES, INTERPRETED, check_same_device, check_same_dtype, check_tensor
+
+
+def min_bytes(n: int, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes the addition must move: two reads and one write of n elements."""
+    return 3 * n * torch.empty((), dtype=dtype).element_size()
+
+
+def flops(n: int) -> int:
+    return n
+
+
+def reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x + y
+
+
+@triton.jit
+def vector_add_kernel(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
+    # The grid has cdiv(n, BLOCK) programs; this one is number `pid` and handles one block.
+    pid = tl.program_id(axis=0)
+    # The BLOCK indices this program owns: pid*BLOCK, pid*BLOCK + 1, ..., pid*BLOCK + BLOCK-1.
+    offsets = pid * BLOCK + tl.arange(0, BLOCK)
+    # The last block runs past the end of the arrays when n is not a multiple of BLOCK:
+    # the mask switches those lanes off, so they neither read nor write memory.
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(z_ptr + offsets, x + y, mask=mask)
+
+
+BLOCK = 4096
+
+
+def vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x + y for two tensors of the same shape and dtype (fp32, fp16 or bf16).
+
+    Non-contiguous inputs are first made contiguous (a copy), so the kernel sees flat arrays.
+    """
+    check_tensor("vector_add", "x", x, FLOAT_DTYPES)
+    check_tensor("vector_add", "y", y, FLOAT_DTYPES)
+    check_same_device("vector_add", x=x, y=y)
+    check_same_dtype("vector_add", x=x, y=y)
+    if x.shape != y.shape:
+        raise ValueError(f"vector_add: x and y must have the same shape: expected y of shape "
+                         f"{tuple(x.shape)}, got {tuple(y.shape)} (broadcast it first with y.expand_as(x)).")
+    n = x.numel()
+    if n >= 2**31:
+        raise ValueError(f"vector_add: {n} elements is too many for 32-bit offsets; split the tensor.")
+    x, y = x.contiguous(), y.contiguous()
+    z = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if n == 0:
+        return z
+    # 4096 elements per program and 8 warps (256 threads): each thread adds 16 pairs,
+    # loading them in 16-byte pieces; cdiv(n, 4096) programs cover the whole array.
+    grid = (triton.cdiv(n, BLOCK),)
+    vector_add_kernel[grid](x, y, z, n, BLOCK=BLOCK, num_warps=1 if INTERPRETED else 8)
+    return z

@@ -1,0 +1,159 @@
+"""Copies between host and device: a size sweep and the model t = latency + bytes / bandwidth.
+
+A copy of n bytes costs a fixed latency (the call, the driver, setting up the DMA engine)
+plus n / bandwidth. Small copies are all latency, large ones all bandwidth;
+`fit_latency_bandwidth` finds both from measured points by least squares.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from labkit.device import current
+from labkit.timing import Timing, bench
+
+DIRECTIONS = {"h2d": "host->device", "d2h": "device->host", "h2h": "host->host (CPU memcpy)"}
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """A fitted copy cost: `latency_us` per copy plus bytes at `bandwidth_gbps` (1 GB = 1e9 B)."""
+
+    latency_us: float
+    bandwidth_gbps: float
+    max_rel_error: float  # the worst |model - measured| / measured over the fitted points
+
+    def time_ms(self, nbytes):
+        """The model's time for `nbytes` (a number or an array) in milliseconds."""
+        return self.latency_us * 1e-3 + np.asarray(nbytes, dtype=float) / (self.bandwidth_gbps * 1e6)
+
+    @property
+    def half_bandwidth_bytes(self) -> float:
+        """The size at which a copy reaches half the bandwidth: latency x bandwidth."""
+        return self.latency_us * 1e-6 * self.bandwidth_gbps * 1e9
+
+    def __str__(self) -> str:
+        return (f"latency {self.latency_us:.2f} us + bytes / {self.bandwidth_gbps:.2f} GB/s "
+                f"(worst point off by {self.max_rel_error:.0%})")
+
+
+def sweep_sizes(lo: int, hi: int, step: int = 4) -> list[int]:
+    """Sizes lo, lo*step, lo*step^2, ... up to hi (hi itself always included), in bytes."""
+    if lo < 1 or hi < lo or step < 2:
+        raise ValueError(f"sweep_sizes needs 1 <= lo <= hi and step >= 2, got lo={lo}, hi={hi}, step={step}")
+    sizes = [lo]
+    while sizes[-1] * step <= hi:
+        sizes.append(sizes[-1] * step)
+    if sizes[-1] != hi:
+        sizes.append(hi)
+    return sizes
+
+
+def fit_latency_bandwidth(nbytes: Sequence[float], ms: Sequence[float]) -> LinkFit:
+    """Least-squares fit of t = latency + bytes / bandwidth to measured (bytes, ms) points.
+
+    The residuals are relative ((model - t) / t), so a 1-byte copy counts as much as a
+    1-GiB one; the latency is kept >= 0.
+    """
+    n = np.asarray(nbytes, dtype=float)
+    t = np.asarray(ms, dtype=float)
+    if n.shape != t.shape or n.ndim != 1:
+        raise ValueError(f"give one time per size: got {n.shape} sizes and {t.shape} times")
+    if len(np.unique(n)) < 2:
+        raise ValueError("fitting a latency and a bandwidth needs at least two different sizes")
+    if not (np.all(np.isfinite(t)) and np.all(t > 0) and np.all(n > 0)):
+        raise ValueError("sizes and times must be positive and finite (times in milliseconds)")
+    # Divide each row of [1, n] @ [a, b] = t by t: min sum((a/t + b n/t - 1)^2).
+    a_mat = np.stack([1 / t, n / t], axis=1)
+    (lat, per_byte), *_ = np.linalg.lstsq(a_mat, np.ones_like(t), rcond=None)
+    if lat < 0:  # no measurable latency: fit the bandwidth alone
+        lat, x = 0.0, n / t
+        per_byte = float(x.sum() / (x * x).sum())
+    if per_byte <= 0:
+        raise ValueError("the times do not grow with size: no bandwidth can be fitted")
+    fit = LinkFit(latency_us=float(lat) * 1e3, bandwidth_gbps=1 / float(per_byte) / 1e6, max_rel_error=0.0)
+    err = float(np.max(np.abs(fit.time_ms(n) - t) / t))
+    return LinkFit(fit.latency_us, fit.bandwidth_gbps, err)
+
+
+def _check_copy(direction: str, pinned: bool, device: torch.device) -> None:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction {direction!r}: use one of {', '.join(DIRECTIONS)}")
+    if direction == "h2h":
+        if pinned:
+            raise ValueError("pinned memory only matters for copies to or from a GPU: use pinned=False for 'h2h'")
+        return
+    if device.type != "cuda":
+        raise RuntimeError(f"a {DIRECTIONS[direction]} copy needs a CUDA device, got {device}: "
+                           f"use direction='h2h' to time CPU memory copies instead")
+    if pinned and not torch.cuda.is_available():
+        raise RuntimeError("pinned (page-locked) memory needs a CUDA build of PyTorch and a GPU; "
+                           "use pinned=False on a machine without one")
+
+
+def copy_buffers(nbytes: int, direction: str, pinned: bool = False,
+                 device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(source, destination) uint8 buffers of `nbytes` for one copy direction, the source filled."""
+    device = torch.device(device) if device is not None else current().device
+    _check_copy(direction, pinned, device)
+    if nbytes < 1:
+        raise ValueError(f"nbytes must be >= 1, got {nbytes}")
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+    other = torch.empty(nbytes, dtype=torch.uint8, device="cpu" if direction == "h2h" else device)
+    src, dst = (other, host) if direction == "d2h" else (host, other)
+    src.random_(0, 256)
+    dst.fill_(0)  # touch every page now, not during the first timed copy
+    return src, dst
+
+
+def measure_sweep(sizes: Sequence[int], direction: str, pinned: bool = False,
+                  device: torch.device | str | None = None, non_blocking: bool = False,
+                  progress: Callable | None = None, **bench_kw) -> list[Timing]:
+    """Time one copy of each size (views of one buffer of the largest size) with `labkit.bench`.
+
+    `progress` wraps the size list (e.g. `tqdm.auto.tqdm`); `bench_kw` go to `labkit.bench`
+    (flush_cache defaults to False: a copy's time does not depend on what the L2 holds).
+    """
+    sizes = [int(s) for s in sizes]
+    if not sizes:
+        raise ValueError("give at least one size")
+    src, dst = copy_buffers(max(sizes), direction, pinned, device)
+    bench_kw.setdefault("flush_cache", False)
+    timer_device = "cpu" if direction == "h2h" else device  # a CPU copy is timed on the host clock
+    out = []
+    for n in (progress(sizes) if progress else sizes):
+        s, d = src[:n], dst[:n]
+        out.append(bench(lambda: d.copy_(s, non_blocking=non_blocking), device=timer_device, **bench_kw))
+    return out
+
+
+def count_wrong(got: torch.Tensor, expected: torch.Tensor) -> int:
+    """How many elements of `got` differ from `expected` (both read where they are, now)."""
+    if got.shape != expected.shape:
+        raise ValueError(f"shapes differ: {tuple(got.shape)} vs {tuple(expected.shape)}")
+    return int((got != expected.to(got.device)).sum().item())
+
+
+def timeline(ref, spans: dict[str, tuple]) -> dict[str, tuple[float, float]]:
+    """Turn (start, end) CUDA-event pairs into (start_ms, end_ms) after the `ref` event.
+
+    Call it after the events completed (e.g. after torch.cuda.synchronize()).
+    """
+    return {name: (ref.elapsed_time(s), ref.elapsed_time(e)) for name, (s, e) in spans.items()}
+
+
+def plot_timeline(ax, spans: dict[str, tuple[float, float]], title: str = "timeline") -> None:
+    """One horizontal bar per span, from its start to its end, in milliseconds."""
+    names = list(spans)
+    colors = [f"C{i}" for i in range(len(names))]
+    for i, name in enumerate(names):
+        start, end = spans[name]
+        ax.barh(i, end - start, left=start, color=colors[i], height=0.6)
+        ax.text(end, i, f" {end - start:.2f} ms", va="center", fontsize=8)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the start event (ms)")
+    ax.set_title(title)

@@ -1,0 +1,94 @@
+import os
+import sys
+
+import pytest
+import torch
+
+import labkit
+from labkit import device
+
+
+@pytest.fixture
+def restore_setup(monkeypatch):
+    saved = device._current
+    yield monkeypatch
+    device._current = saved
+
+
+def test_auto_device_matches_torch(restore_setup):
+    restore_setup.delenv("LABKIT_DEVICE", raising=False)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert device.choose_device().type == expected
+
+
+def test_argument_beats_environment(restore_setup):
+    restore_setup.setenv("LABKIT_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
+    assert device.choose_device("cpu").type == "cpu"
+
+
+def test_environment_picks_cpu(restore_setup):
+    restore_setup.setenv("LABKIT_DEVICE", "cpu")
+    cfg = labkit.setup()
+    assert cfg.device.type == "cpu" and cfg.triton_interpreter
+    assert os.environ["TRITON_INTERPRET"] == "1"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_asking_for_a_missing_gpu_says_what_to_do(restore_setup):
+    with pytest.raises(RuntimeError, match="no CUDA GPU.*Leave device unset"):
+        device.choose_device("cuda")
+
+
+def test_unknown_device_is_refused():
+    with pytest.raises(ValueError, match="use 'cuda' or 'cpu'"):
+        device.choose_device("mps:0")
+
+
+@pytest.mark.parametrize("value,expected", [("1", True), ("0", False), ("", None), ("yes", True)])
+def test_quick_flag_parsing(restore_setup, value, expected):
+    restore_setup.setenv("LABKIT_QUICK", value)
+    assert device._env_flag("LABKIT_QUICK") is expected
+
+
+def test_bad_quick_flag_is_an_error(restore_setup):
+    restore_setup.setenv("LABKIT_QUICK", "maybe")
+    with pytest.raises(ValueError, match="use 1 or 0"):
+        labkit.setup()
+
+
+def test_quick_mode_and_sized(restore_setup):
+    labkit.setup(quick=True)
+    assert labkit.sized(full=1000, quick=10) == 10
+    labkit.setup(quick=False)
+    assert labkit.sized(full=1000, quick=10) == 1000
+
+
+def test_quick_is_default_without_gpu(restore_setup):
+    restore_setup.delenv("LABKIT_QUICK", raising=False)
+    cfg = labkit.setup(device="cpu")
+    assert cfg.quick is True
+
+
+def test_missing_gpus_print_one_line(restore_setup, capsys):
+    labkit.setup(device="cpu")
+    assert labkit.have_gpus(1, "the overlap experiment") is False
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "the overlap experiment" in out[0] and "needs a CUDA GPU" in out[0]
+
+
+def test_machine_table_names_the_facts(capsys):
+    info = labkit.show_machine()
+    for key in ("device", "torch", "triton", "GPU", "CPU cores"):
+        assert key in info
+    assert info["torch"] == torch.__version__
+    printed = capsys.readouterr().out
+    assert all(k in printed for k in info)
+    if torch.cuda.is_available():
+        for key in ("SMs", "GPU memory", "L2 cache", "driver"):
+            assert key in info
+
+
+def test_importing_labkit_does_not_import_triton():
+    import subprocess
+    code = "import sys, labkit; sys.exit('triton' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

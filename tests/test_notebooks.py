@@ -1,0 +1,46 @@
+"""Committed notebooks are clean, parameterised, and linked from the index in order."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+ALL = NOTEBOOKS + sorted((ROOT / "solutions").glob("*.ipynb")) + sorted((ROOT / "exercises").glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "notebooks/ holds no NN_*.ipynb"
+
+
+@pytest.mark.parametrize("path", ALL + [ROOT / "notebooks" / "index.ipynb"], ids=lambda p: p.name)
+def test_committed_without_outputs(path):
+    nb = json.loads(path.read_text())
+    dirty = [i for i, c in enumerate(nb["cells"])
+             if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))]
+    assert not dirty, f"{path.name}: cells {dirty} hold outputs; clear them before committing"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_has_a_parameters_cell_with_device_and_quick(path):
+    nb = json.loads(path.read_text())
+    tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1, f"{path.name}: needs exactly one cell tagged 'parameters'"
+    source = "".join(tagged[0]["source"])
+    assert re.search(r"^device\s*=", source, re.M) and re.search(r"^quick\s*=", source, re.M)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_records_figures_and_uses_labkit_timing(path):
+    code = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+    assert "labkit.record(" in code, f"{path.name} records no figure for batch runs"
+    assert "time.time()" not in code, f"{path.name}: time with labkit.bench, not time.time()"
+    assert not re.search(r"^\s*!", code, re.M), f"{path.name}: run shell commands with subprocess, not !"
+
+
+def test_index_links_every_notebook_in_order():
+    index = json.loads((ROOT / "notebooks" / "index.ipynb").read_text())
+    text = "".join("".join(c["source"]) for c in index["cells"])
+    links = re.findall(r"\]\(([0-9][^)]*\.ipynb)\)", text)
+    assert links == [p.name for p in NOTEBOOKS]

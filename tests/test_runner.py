@@ -1,0 +1,74 @@
+"""`labkit run`: batch execution with papermill, a summary with figures, non-zero exit on failure."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit import runner
+
+ROOT = Path(__file__).resolve().parent.parent
+FIRST_TWO = [ROOT / "notebooks" / "00_why_gpus.ipynb", ROOT / "notebooks" / "01_device_placement.ipynb"]
+
+
+def _notebook(path: Path, *sources: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               LABKIT_QUICK="1")
+    return subprocess.run([sys.executable, "-m", "labkit.cli", "run", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_parameter_values_parse_like_papermill():
+    assert runner.parse_value("1") == 1 and runner.parse_value("true") is True
+    assert runner.parse_value("null") is None and runner.parse_value("cuda") == "cuda"
+
+
+def test_batch_goes_on_past_a_broken_notebook_and_fails_the_exit_code(tmp_path):
+    broken = _notebook(tmp_path / "zz_broken.ipynb", "scale = 1", "import labkit\nlabkit.record('before', 2.0, 'x')",
+                       "raise ValueError('deliberately broken')")
+    out = tmp_path / "build"
+    result = _run(*map(str, FIRST_TWO), str(broken), "-o", str(out), "-p", "quick", "true")
+    assert result.returncode == 1, result.stdout + result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["parameters"] == {"quick": True}
+    by_name = {Path(e["notebook"]).name: e for e in summary["notebooks"]}
+    for path in FIRST_TWO:
+        entry = by_name[path.name]
+        assert entry["status"] == "ok", entry["error"]
+        assert entry["figures"], f"{path.name} recorded no figures"
+        assert (out / path.name).exists()
+    bad = by_name["zz_broken.ipynb"]
+    assert bad["status"] == "failed" and "deliberately broken" in bad["error"]
+    assert bad["figures"]["before"]["value"] == 2.0  # figures recorded before the failure are kept
+    page = (out / "summary.md").read_text()
+    assert "failed" in page and "deliberately broken" in page and "00_why_gpus.ipynb" in page
+
+
+def test_parameters_reach_the_notebook(tmp_path):
+    nb = _notebook(tmp_path / "p.ipynb", "scale = 1", "import labkit\nlabkit.record('scaled', scale * 3.0)")
+    result = _run(str(nb), "-o", str(tmp_path / "b"), "-p", "scale", "5")
+    assert result.returncode == 0, result.stdout + result.stderr
+    entry = json.loads((tmp_path / "b" / "summary.json").read_text())["notebooks"][0]
+    assert entry["figures"]["scaled"]["value"] == 15.0
+
+
+def test_missing_notebook_is_a_clear_error(tmp_path):
+    result = _run(str(tmp_path / "nope.ipynb"))
+    assert result.returncode == 2 and "no such notebook" in result.stderr
+
+
+def test_default_is_every_numbered_notebook_in_order():
+    names = [p.name for p in runner.default_notebooks()]
+    assert names == sorted(names) and "index.ipynb" not in names and names[0].startswith("00_")

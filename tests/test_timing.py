@@ -1,0 +1,59 @@
+import pytest
+import torch
+
+import labkit
+from labkit.timing import Timing, bench, gbps, summarize, tflops
+
+
+def test_summary_statistics():
+    t = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert t.median_ms == 3.0 and t.n == 5
+    assert t.p20_ms == pytest.approx(1.8) and t.p80_ms == pytest.approx(4.2)
+    assert t.spread == pytest.approx((4.2 - 1.8) / 3.0)
+    assert "n=5" in str(t)
+
+
+def test_no_samples_is_an_error():
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_bench_counts_every_call_and_orders_quantiles():
+    calls = []
+    t = bench(lambda: calls.append(1), warmup_ms=1, rep_ms=5, min_reps=7, device="cpu")
+    assert isinstance(t, Timing)
+    assert t.n >= 7 and len(t.samples) == t.n
+    assert len(calls) > t.n  # warm-up calls are not sampled
+    assert t.p20_ms <= t.median_ms <= t.p80_ms
+
+
+def test_bench_measures_real_work_on_cpu():
+    import time
+
+    t = bench(lambda: time.sleep(0.002), warmup_ms=1, rep_ms=20, min_reps=5, device="cpu")
+    assert 1.9 <= t.median_ms < 50
+
+
+def test_max_reps_caps_the_sample_count():
+    t = bench(lambda: None, warmup_ms=1, rep_ms=1000, max_reps=20, device="cpu")
+    assert t.n == 20
+
+
+def test_cuda_graph_needs_a_gpu():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        bench(lambda: None, cuda_graph=True, device="cpu")
+
+
+def test_units():
+    assert gbps(2e9, 1000.0) == pytest.approx(2.0)
+    assert tflops(3e12, 1000.0) == pytest.approx(3.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_events_time_the_kernel_not_the_launch():
+    x = torch.randn(1 << 26, device="cuda")
+    t = bench(lambda: x.mul_(1.0), device="cuda")
+    # 2 x 256 MiB moved: well over 20 us on any GPU, while a launch alone is a few us
+    assert t.median_ms > 0.02
+    g = bench(lambda: x.add_(0.0), cuda_graph=True, device="cuda")
+    assert g.median_ms > 0.02
