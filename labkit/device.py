@@ -86,7 +86,7 @@ def setup(device: str | torch.device | None = None, quick: bool | None = None) -
                 stacklevel=2,
             )
         os.environ["TRITON_INTERPRET"] = "1"
-    if dev.type == "cuda":
+    if dev.type == "cuda" and dev.index is not None:  # set_device needs an index; plain "cuda" keeps the current GPU
         torch.cuda.set_device(dev)
     _current = Setup(device=dev, quick=bool(quick), triton_interpreter=interpreter)
     return _current

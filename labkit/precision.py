@@ -69,10 +69,10 @@ def inputs(n: int, device: torch.device | str | None = None, seed: int = 0) -> t
     """Fresh random fp64 matrices A, B (n x n), the reference inputs every precision is rounded from."""
     _check_size(n)
     dev = torch.device(device) if device is not None else current().device
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    a = torch.randn(n, n, generator=g, dtype=torch.float64)
-    b = torch.randn(n, n, generator=g, dtype=torch.float64)
-    return a.to(dev), b.to(dev)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    a = torch.randn(n, n, generator=g, dtype=torch.float64, device=dev)
+    b = torch.randn(n, n, generator=g, dtype=torch.float64, device=dev)
+    return a, b
 
 
 def matmul_in(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.Tensor:
@@ -86,11 +86,21 @@ def matmul_in(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.Tensor:
 
 def relative_error(n: int, precision: str, device: torch.device | str | None = None, seed: int = 0) -> float:
     """||C - C64||_F / ||C64||_F for an n^3 matmul in `precision`, C64 computed in fp64 from the same inputs."""
-    _check_precision(precision)
+    return relative_errors(n, [precision], device, seed)[precision]
+
+
+def relative_errors(n: int, precisions: list[str], device: torch.device | str | None = None,
+                    seed: int = 0) -> dict[str, float]:
+    """`relative_error` for several precisions sharing one set of inputs and one fp64 product."""
+    for p in precisions:
+        _check_precision(p)
     a, b = inputs(n, device, seed)
     ref = a @ b
-    out = matmul_in(a, b, precision).to(torch.float64)
-    return float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref))
+    norm = torch.linalg.vector_norm(ref)
+    out = {}
+    for p in precisions:
+        out[p] = float(torch.linalg.vector_norm(matmul_in(a, b, p).to(torch.float64) - ref) / norm)
+    return out
 
 
 @dataclass(frozen=True)

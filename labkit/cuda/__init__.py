@@ -138,12 +138,13 @@ def build(verbose: bool = False, reload: bool = False) -> tuple[ModuleType, floa
 
     The first build on a machine compiles everything (tens of seconds: torch's headers are
     big); later builds, in this or another session, find the objects and return in about a
-    second. Within a session the loaded module is reused (0 s) unless `reload=True`.
+    second. Within a session the loaded module is reused (0 s) unless `reload=True`
+    (then torch re-imports it without running ninja).
     """
     global _module
-    require()
     if _module is not None and not reload:
-        return _module, 0.0
+        return _module, 0.0  # checked and built already: every kernel call comes through here
+    require()
     from torch.utils import cpp_extension
 
     folder = build_dir()

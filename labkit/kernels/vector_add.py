@@ -36,7 +36,9 @@ def vector_add_kernel(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
     mask = offsets < n
     x = tl.load(x_ptr + offsets, mask=mask)
     y = tl.load(y_ptr + offsets, mask=mask)
-    tl.store(z_ptr + offsets, x + y, mask=mask)
+    # Add in fp32 and round once to the output dtype (for fp16/bf16 that is what the GPU does too).
+    z = x.to(tl.float32) + y.to(tl.float32)
+    tl.store(z_ptr + offsets, z.to(z_ptr.dtype.element_ty), mask=mask)
 
 
 BLOCK = 4096

@@ -1,0 +1,416 @@
+"""Train a small MLP with DistributedDataParallel and write what happened as JSON (rank 0).
+
+Launch one process per device with torchrun (gloo on CPUs, NCCL on GPUs):
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 -m labkit.ddp_train --out r.json
+
+It measures, in order: (1) correctness: a few DDP steps on a global batch split over the ranks,
+against one process training on the whole global batch (rank 0), plus the gradient of that
+batch by accumulation over micro-batches; (2) that every rank holds identical parameters;
+(3) throughput (samples/s) on a fixed per-rank batch, against a plain model on rank 0 alone;
+(4) all-reduce bus bandwidth over message sizes (with more than one process). Timings use a
+fixed step count, a device synchronize and the slowest rank's clock (`labkit.bench` would pick
+a different repetition count on each rank and deadlock the
+collectives). `stale_sgd` simulates asynchronous SGD in one process (no torchrun needed).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+USAGE = ("run me with torchrun, e.g. python -m torch.distributed.run --standalone --nproc_per_node 2 "
+         "-m labkit.ddp_train --out result.json")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="labkit.ddp_train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="JSON file rank 0 writes the results to")
+    ap.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                    help="auto: nccl on GPUs, gloo on CPUs")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="auto: one GPU per process when there are enough, else the CPU")
+    ap.add_argument("--dim", type=int, default=32, help="MLP input and output width")
+    ap.add_argument("--hidden", type=int, default=128, help="MLP hidden width")
+    ap.add_argument("--layers", type=int, default=3, help="number of Linear layers (>= 2)")
+    ap.add_argument("--global-batch", type=int, default=16, help="global batch of the correctness check")
+    ap.add_argument("--check-steps", type=int, default=4, help="SGD steps compared with one process")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--batch-per-rank", type=int, default=32, help="per-rank batch of the throughput run")
+    ap.add_argument("--steps", type=int, default=20, help="timed training steps")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps before the timed ones")
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size (MB)")
+    ap.add_argument("--allreduce-bytes", type=str, default="",
+                    help="comma-separated message sizes in bytes for the all-reduce sweep ('' skips it)")
+    ap.add_argument("--allreduce-iters", type=int, default=10, help="timed all-reduces per size")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads per process (0: cores / processes)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.layers < 2:
+        ap.error("--layers must be at least 2")
+    for name in ("dim", "hidden", "global_batch", "check_steps", "batch_per_rank", "steps", "allreduce_iters"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def choose(backend: str, device: str, local_world: int, cuda_gpus: int) -> tuple[str, str]:
+    """The (backend, device type) to use, or a ValueError saying what to change."""
+    if device == "auto":
+        device = "cuda" if cuda_gpus >= local_world and backend != "gloo" else "cpu"
+    if device == "cuda" and cuda_gpus < local_world:
+        raise ValueError(f"--device cuda needs one GPU per process: {local_world} processes on this node "
+                         f"but {cuda_gpus} GPU(s). Use --nproc_per_node {cuda_gpus} or --device cpu.")
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    if backend == "nccl" and device != "cuda":
+        raise ValueError("the nccl backend moves GPU tensors only: use --backend gloo for CPU processes "
+                         "(or --device cuda on a machine with GPUs).")
+    return backend, device
+
+
+def make_model(dim: int, hidden: int, layers: int) -> nn.Sequential:
+    """An MLP dim -> hidden -> ... -> dim with ReLU between the Linear layers."""
+    widths = [dim] + [hidden] * (layers - 1) + [dim]
+    mods: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        mods.append(nn.Linear(a, b))
+        if i < layers - 1:
+            mods.append(nn.ReLU())
+    return nn.Sequential(*mods)
+
+
+def global_batch(step: int, n: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same (x, y) on every rank for a given step: a regression onto a fixed random map."""
+    g = torch.Generator().manual_seed(seed * 100_003 + step)
+    teacher = torch.Generator().manual_seed(seed + 7)
+    w = torch.randn(dim, dim, generator=teacher) / math.sqrt(dim)
+    x = torch.randn(n, dim, generator=g)
+    return x, torch.tanh(x @ w) + 0.1 * torch.randn(n, dim, generator=g)
+
+
+def flat_params(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+
+
+def checksum(model: nn.Module) -> torch.Tensor:
+    """One float64 number that changes when any parameter changes (a weighted sum)."""
+    flat = flat_params(model)
+    weights = torch.cos(torch.arange(flat.numel(), dtype=torch.float64, device=flat.device))
+    return (flat * weights).sum()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _slowest(seconds: float, device: torch.device) -> float:
+    """The largest value over all ranks (the step is done when the slowest rank is)."""
+    import torch.distributed as dist
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b))
+
+
+def check_correctness(args, rank: int, world: int, device: torch.device) -> dict:
+    """DDP on the split global batch vs one process on all of it; gradients by accumulation too."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if args.global_batch % world:
+        raise ValueError(f"--global-batch {args.global_batch} does not split evenly over {world} processes: "
+                         f"use a multiple of {world}.")
+    local = args.global_batch // world
+    torch.manual_seed(args.seed)
+    model = make_model(args.dim, args.hidden, args.layers).to(device)
+    init = copy.deepcopy(model)  # every rank builds the same start; DDP also broadcasts rank 0's
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+              bucket_cap_mb=args.bucket_cap_mb)
+    buckets: list[dict] = []
+
+    def counting_hook(state, bucket):  # the default all-reduce, noting each bucket it is given
+        buckets.append({"index": bucket.index(), "bytes": bucket.buffer().numel() * bucket.buffer().element_size(),
+                        "params": len(bucket.parameters())})
+        return allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, counting_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
+    losses, ddp_grads, last_buckets = [], None, []
+    for step in range(args.check_steps):
+        x, y = global_batch(step, args.global_batch, args.dim, args.seed)
+        xs, ys = x[rank * local:(rank + 1) * local].to(device), y[rank * local:(rank + 1) * local].to(device)
+        buckets.clear()
+        opt.zero_grad(set_to_none=True)
+        loss = F.mse_loss(ddp(xs), ys)
+        loss.backward()  # DDP all-reduces (averages) each bucket of gradients as it fills
+        if step == 0:
+            ddp_grads = [p.grad.detach().clone() for p in model.parameters()]
+        opt.step()
+        last_buckets = list(buckets)
+        mean_loss = loss.detach().clone()
+        dist.all_reduce(mean_loss)  # equal shards: the mean of the shard means is the global mean
+        losses.append(float(mean_loss.item()) / world)
+
+    out = {"ddp_losses": losses, "buckets": sorted(last_buckets, key=lambda b: b["index"]),
+           "param_count": sum(p.numel() for p in model.parameters())}
+    # identical parameters on every rank: a checksum per rank, gathered, and rank 0's values broadcast
+    sums = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
+    dist.all_gather(sums, checksum(model).reshape(1))
+    out["rank_checksums"] = [float(s.item()) for s in sums]
+    out["checksum_spread"] = max(out["rank_checksums"]) - min(out["rank_checksums"])
+    mine = flat_params(model)
+    theirs = mine.clone()
+    dist.broadcast(theirs, src=0)
+    worst = (mine - theirs).abs().max().reshape(1)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    out["max_param_diff_across_ranks"] = float(worst.item())
+
+    if rank == 0:  # the single-process reference on the global batch, same start, same steps
+        ref = copy.deepcopy(init)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=args.lr)
+        ref_losses = []
+        for step in range(args.check_steps):
+            x, y = global_batch(step, args.global_batch, args.dim, args.seed)
+            ref_opt.zero_grad(set_to_none=True)
+            loss = F.mse_loss(ref(x.to(device)), y.to(device))
+            loss.backward()
+            if step == 0:
+                full_grads = [p.grad.detach().clone() for p in ref.parameters()]
+            ref_opt.step()
+            ref_losses.append(float(loss.item()))
+        # the same gradient by accumulation: `world` micro-batches one after another on one device
+        acc = copy.deepcopy(init)
+        x, y = global_batch(0, args.global_batch, args.dim, args.seed)
+        for r in range(world):
+            part = slice(r * local, (r + 1) * local)
+            (F.mse_loss(acc(x[part].to(device)), y[part].to(device)) / world).backward()
+        acc_grads = [p.grad.detach() for p in acc.parameters()]
+        out.update({
+            "ref_losses": ref_losses,
+            "max_loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+            "max_param_diff_vs_ref": float((flat_params(model) - flat_params(ref)).abs().max()),
+            "grad_diff_ddp_vs_full": _max_abs_diff(ddp_grads, full_grads),
+            "grad_diff_accum_vs_full": _max_abs_diff(acc_grads, full_grads),
+            "grad_diff_ddp_vs_accum": _max_abs_diff(ddp_grads, acc_grads),
+            "grad_max_abs": max(float(g.abs().max()) for g in full_grads),
+        })
+    return out
+
+
+def measure_throughput(args, rank: int, world: int, device: torch.device) -> dict:
+    """Samples/s of DDP training on a fixed per-rank batch, and the cost of one gradient two ways."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(args.seed)
+    model = make_model(args.dim, args.hidden, args.layers).to(device)
+    single = copy.deepcopy(model)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+              bucket_cap_mb=args.bucket_cap_mb)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr * 0.1)
+    g = torch.Generator().manual_seed(args.seed + 1000 + rank)
+    x = torch.randn(args.batch_per_rank, args.dim, generator=g).to(device)
+    y = torch.randn(args.batch_per_rank, args.dim, generator=g).to(device)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.mse_loss(ddp(x), y).backward()
+        opt.step()
+
+    out = {"steps": args.steps, "batch_per_rank": args.batch_per_rank}
+    if rank == 0:  # the baseline: one device, a plain model (no DDP), the same batch; the others wait
+        plain = copy.deepcopy(single)
+        plain_opt = torch.optim.SGD(plain.parameters(), lr=args.lr * 0.1)
+
+        def plain_step():
+            plain_opt.zero_grad(set_to_none=True)
+            F.mse_loss(plain(x), y).backward()
+            plain_opt.step()
+
+        for _ in range(args.warmup):
+            plain_step()
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            plain_step()
+        _sync(device)
+        seconds = time.perf_counter() - t0
+        out["single_samples_per_s"] = args.batch_per_rank * args.steps / seconds
+        out["single_step_ms"] = seconds / args.steps * 1e3
+    dist.barrier()
+
+    for _ in range(args.warmup):
+        step()
+    _sync(device)
+    _slowest(0.0, device)  # line the ranks up
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    _sync(device)
+    seconds = _slowest(time.perf_counter() - t0, device)
+    out["samples_per_s"] = world * args.batch_per_rank * args.steps / seconds
+    out["step_ms"] = seconds / args.steps * 1e3
+    if rank == 0:
+        out["scaling_efficiency"] = out["samples_per_s"] / (world * out["single_samples_per_s"])
+
+    # one gradient of the global batch (world x batch_per_rank): DDP (one micro-batch per rank, in
+    # parallel, plus an all-reduce) vs accumulation (every micro-batch in turn on rank 0, no talk)
+    def ddp_grad():
+        ddp.zero_grad(set_to_none=True)
+        F.mse_loss(ddp(x), y).backward()
+
+    def accum_grad():
+        single.zero_grad(set_to_none=True)
+        for _ in range(world):
+            (F.mse_loss(single(x), y) / world).backward()
+
+    reps = max(3, args.steps // 2)
+    ddp_times = []
+    for _ in range(reps):
+        _sync(device)
+        _slowest(0.0, device)
+        t0 = time.perf_counter()
+        ddp_grad()
+        _sync(device)
+        ddp_times.append(_slowest(time.perf_counter() - t0, device))
+    out["ddp_grad_ms"] = statistics.median(ddp_times) * 1e3
+    if rank == 0:
+        accum_grad()
+        acc_times = []
+        for _ in range(reps):
+            _sync(device)
+            t0 = time.perf_counter()
+            accum_grad()
+            _sync(device)
+            acc_times.append(time.perf_counter() - t0)
+        out["accum_grad_ms"] = statistics.median(acc_times) * 1e3
+    dist.barrier()
+
+    sums = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
+    dist.all_gather(sums, checksum(model).reshape(1))
+    out["checksum_spread"] = max(float(s.item()) for s in sums) - min(float(s.item()) for s in sums)
+    return out
+
+
+def measure_allreduce(args, world: int, device: torch.device) -> list[dict]:
+    """Time of one all-reduce (sum) per message size; algorithm and bus bandwidth (nccl-tests)."""
+    import torch.distributed as dist
+
+    sizes = [int(s) for s in args.allreduce_bytes.split(",") if s.strip()]
+    rows = []
+    for nbytes in sizes:
+        buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
+        for _ in range(3):
+            dist.all_reduce(buf)
+        _sync(device)
+        _slowest(0.0, device)
+        t0 = time.perf_counter()
+        for _ in range(args.allreduce_iters):
+            dist.all_reduce(buf)
+        _sync(device)
+        seconds = _slowest(time.perf_counter() - t0, device) / args.allreduce_iters
+        size = buf.numel() * 4
+        algbw = size / seconds / 1e9
+        rows.append({"bytes": size, "us": seconds * 1e6, "algbw_gbps": algbw,
+                     "busbw_gbps": algbw * 2 * (world - 1) / world})
+        del buf
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        print(f"labkit.ddp_train: no RANK/WORLD_SIZE in the environment: {USAGE}", file=sys.stderr)
+        return 2
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    try:
+        backend, dev_type = choose(args.backend, args.device, local_world, gpus)
+    except ValueError as exc:
+        print(f"labkit.ddp_train: {exc}", file=sys.stderr)
+        return 2
+    if dev_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group(backend, device_id=device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
+        dist.init_process_group(backend)
+    try:
+        result = {"world_size": world, "backend": backend, "device": dev_type, "torch": torch.__version__,
+                  "hosts": None, "args": {k: str(v) for k, v in vars(args).items()}}
+        hosts = [None] * world
+        dist.all_gather_object(hosts, f"{platform.node()}:{device}")
+        result["hosts"] = hosts
+        result["check"] = check_correctness(args, rank, world, device)
+        result["throughput"] = measure_throughput(args, rank, world, device)
+        result["allreduce"] = measure_allreduce(args, world, device) if args.allreduce_bytes and world > 1 else []
+        if rank == 0:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=1))
+            c, t = result["check"], result["throughput"]
+            print(f"[rank 0/{world}] {backend} on {dev_type}: {t['samples_per_s']:,.0f} samples/s, "
+                  f"loss diff vs 1 process {c['max_loss_diff']:.2e}, "
+                  f"param diff across ranks {c['max_param_diff_across_ranks']:.2e}; wrote {args.out}")
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def stale_sgd(staleness: int, steps: int = 200, lr_times_l: float = 0.5, dim: int = 32, batch: int = 16,
+              seed: int = 0) -> list[float]:
+    """Full-data loss per step of minibatch SGD on least squares when each gradient is `staleness` steps old.
+
+    Asynchronous SGD in one process: the gradient applied at step t was computed on the parameters of
+    step t - staleness (as if a slow worker had read them then). lr = lr_times_l / L, L the largest
+    curvature, so 0.5 is a safe rate without staleness. Diverged losses are reported as inf.
+    """
+    if staleness < 0 or steps < 1:
+        raise ValueError("staleness must be >= 0 and steps >= 1")
+    g = torch.Generator().manual_seed(seed)
+    n = 16 * dim
+    x = torch.randn(n, dim, generator=g, dtype=torch.float64) * torch.linspace(0.2, 1.0, dim, dtype=torch.float64)
+    w_true = torch.randn(dim, generator=g, dtype=torch.float64)
+    y = x @ w_true + 0.01 * torch.randn(n, generator=g, dtype=torch.float64)
+    curvature = float(torch.linalg.eigvalsh(x.T @ x / n).max())
+    lr = lr_times_l / curvature
+    w = torch.zeros(dim, dtype=torch.float64)
+    history = [w.clone()] * (staleness + 1)  # parameters of the last staleness+1 steps
+    losses = []
+    for _ in range(steps):
+        losses.append(float(0.5 * ((x @ w - y) ** 2).mean()))
+        if not math.isfinite(losses[-1]) or losses[-1] > 1e12:
+            losses[-1:] = [math.inf] * (steps - len(losses) + 1)
+            break
+        old = history[0]
+        idx = torch.randint(0, n, (batch,), generator=g)
+        grad = x[idx].T @ (x[idx] @ old - y[idx]) / batch
+        w = w - lr * grad
+        history = history[1:] + [w.clone()]
+    return losses[:steps]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""y = gelu(x + bias) with the tanh approximation, forward and backward, fused.
+
+With x of shape (..., N) holding n = M * N elements (M rows) and bias of shape (N,):
+forward bytes: read x and bias, write y: (2n + N) * element_size; FLOPs: about 12 per element.
+backward bytes: read dy, x and bias, write dx and dbias: (3n + 2N) * element_size.
+Unfused, PyTorch writes x + bias to memory and reads it back; the fused kernel never does.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, check_same_device, check_same_dtype, check_tensor,
+                                    next_pow2, num_sms, rows_2d)
+
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def min_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, backward: bool = False) -> int:
+    """Bytes the forward (or the backward) must move at least, for x of `shape`."""
+    n, cols = math.prod(shape), shape[-1]
+    return ((3 * n + 2 * cols) if backward else (2 * n + cols)) * _size(dtype)
+
+
+def flops(shape: tuple[int, ...], backward: bool = False) -> int:
+    """Floating-point operations, counting exp as one (about 12 forward, 20 backward per element)."""
+    return (20 if backward else 12) * math.prod(shape)
+
+
+def reference(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x + bias, approximate="tanh")
+
+
+@triton.jit
+def _gelu_parts(z):
+    # gelu_tanh(z) = 0.5 z (1 + tanh(u)) = z * sigmoid(2u), with u = sqrt(2/pi) (z + 0.044715 z^3)
+    u = 0.7978845608028654 * (z + 0.044715 * z * z * z)
+    s = 1.0 / (1.0 + tl.exp(-2.0 * u))
+    return u, s
+
+
+@triton.jit
+def bias_gelu_fwd_kernel(x_ptr, b_ptr, y_ptr, M, N, stride_x, stride_y,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # A 2-D grid of tiles: BLOCK_M rows by BLOCK_N columns; the bias tile is loaded once per program.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    rows64 = rows.to(tl.int64)[:, None]  # row * stride overflows 32 bits on large tensors
+    b = tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    z = x + b[None, :]
+    u, s = _gelu_parts(z)
+    tl.store(y_ptr + rows64 * stride_y + cols[None, :], (z * s).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def bias_gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, dbias_partial_ptr, M, N,
+                         stride_dy, stride_x, stride_dx, n_row_tiles, n_row_programs,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Program (p, j) walks row tiles p, p + n_row_programs, ... of column block j, writing dx and
+    # summing dx over its rows; the partial sums (one row per p) are added up afterwards.
+    p = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(p, n_row_tiles, n_row_programs):
+        rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (rows < M)[:, None] & col_mask[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        dy = tl.load(dy_ptr + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        z = x + b[None, :]
+        u, s = _gelu_parts(z)
+        # d/dz [z s(2u)] = s + z * 2 s (1 - s) * du/dz,  du/dz = sqrt(2/pi) (1 + 3 * 0.044715 z^2)
+        dudz = 0.7978845608028654 * (1.0 + 0.134145 * z * z)
+        dz = dy * (s + 2.0 * z * s * (1.0 - s) * dudz)
+        tl.store(dx_ptr + rows64 * stride_dx + cols[None, :], dz.to(dx_ptr.dtype.element_ty), mask=mask)
+        acc += tl.where(mask, dz, 0.0)
+    tl.store(dbias_partial_ptr + p * N + cols, tl.sum(acc, axis=0), mask=col_mask)
+
+
+def _tiles(n_cols: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps): tiles of 4096 elements (up to 1024 columns wide)."""
+    block_n = min(next_pow2(n_cols), 1024)
+    block_m = max(1, 4096 // block_n)
+    return block_m, block_n, 1 if INTERPRETED else 8
+
+
+def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The forward kernel alone (no autograd): gelu_tanh(x + bias)."""
+    x2 = rows_2d(x)
+    M, N = x2.shape
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if x2.numel():
+        bm, bn, warps = _tiles(N)
+        grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
+        bias_gelu_fwd_kernel[grid](x2, bias, y, M, N, x2.stride(0), y.stride(0),
+                                   BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+    return y.view(x.shape)
+
+
+def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward kernel alone: (dx, dbias) for upstream gradient dy."""
+    x2, dy2 = rows_2d(x), rows_2d(dy)
+    M, N = x2.shape
+    dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    bm, bn, warps = _tiles(N)
+    row_tiles, col_tiles = triton.cdiv(M, bm), triton.cdiv(N, bn)
+    # Enough programs to fill the GPU a few times over, each summing many rows: few partial rows.
+    programs = max(1, min(row_tiles, 4 * num_sms(x.device) // col_tiles))
+    partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
+    if x2.numel():
+        bias_gelu_bwd_kernel[(programs, col_tiles)](dy2, x2, bias, dx, partial, M, N,
+                                                    dy2.stride(0), x2.stride(0), dx.stride(0), row_tiles, programs,
+                                                    BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+    else:
+        partial.zero_()
+    return dx.view(x.shape), partial.sum(0).to(bias.dtype)
+
+
+class BiasGelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, bias):
+        ctx.save_for_backward(x, bias)
+        return bias_gelu_forward(x, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, bias = ctx.saved_tensors
+        dx, dbias = bias_gelu_backward(dy, x, bias)
+        return dx, dbias
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """gelu(x + bias, approximate="tanh"), bias over the last dim; differentiable in x and bias.
+
+    x is fp32, fp16 or bf16 and bias has x's dtype; math is in fp32. x may be a non-contiguous
+    view: rows are read through their stride, and a copy is made only when the last dim is not
+    contiguous.
+    """
+    check_tensor("bias_gelu", "x", x)
+    check_tensor("bias_gelu", "bias", bias)
+    check_same_device("bias_gelu", x=x, bias=bias)
+    check_same_dtype("bias_gelu", x=x, bias=bias)
+    if x.dim() == 0 or bias.shape != (x.shape[-1],):
+        raise ValueError(f"bias_gelu: bias must have shape (x.shape[-1],) = "
+                         f"{(x.shape[-1],) if x.dim() else '(?)'}; got x of shape {tuple(x.shape)} and bias of "
+                         f"shape {tuple(bias.shape)}.")
+    return BiasGelu.apply(x, bias.contiguous())

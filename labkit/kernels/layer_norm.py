@@ -1,0 +1,180 @@
+"""Layer norm over the last dim: y = (x - mean) / sqrt(var + eps) * weight + bias, with backward.
+
+With x of shape (..., N) holding n = M * N elements (M rows), weight and bias of shape (N,):
+forward bytes: read x, weight, bias; write y (the 2M fp32 row statistics saved for the backward
+are counted too): (2n + 2N) * element_size + 8M.
+backward bytes: read dy, x, weight and the 2M statistics; write dx, dweight, dbias:
+(3n + 3N) * element_size + 8M.
+FLOPs: about 8 per element forward and 12 backward. Memory-bound.
+The structure follows Triton's layer-norm tutorial: the backward writes partial sums of
+dweight and dbias (one row per program), then adds those partial rows up.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from labkit.kernels._common import (check_same_device, check_same_dtype, check_tensor, num_sms, row_tile,
+                                    rows_2d)
+
+MAX_COLS = 16384  # a whole row is held in registers
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def min_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, backward: bool = False) -> int:
+    """Bytes the forward (or the backward) must move at least, for x of `shape`."""
+    n, cols = math.prod(shape), shape[-1]
+    rows = n // cols if cols else 0
+    if backward:
+        return (3 * n + 3 * cols) * _size(dtype) + 8 * rows
+    return (2 * n + 2 * cols) * _size(dtype) + 8 * rows
+
+
+def flops(shape: tuple[int, ...], backward: bool = False) -> int:
+    return (12 if backward else 8) * math.prod(shape)
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+@triton.jit
+def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, stride_x, stride_y, eps,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # A tile of BLOCK_M whole rows: statistics in fp32 registers, one read of x, one write of y.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask, col_mask = rows < M, cols < N
+    mask = row_mask[:, None] & col_mask[None, :]
+    rows64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / N
+    xc = tl.where(mask, x - mean[:, None], 0.0)  # padding must not count in the variance
+    var = tl.sum(xc * xc, axis=1) / N
+    rstd = 1.0 / tl.sqrt(var + eps)
+    y = xc * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(y_ptr + rows64 * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=row_mask)
+    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
+                          M, N, stride_dy, stride_x, stride_dx, n_row_tiles,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Program p handles row tiles p, p + P, p + 2P, ... (P programs): it writes dx for those rows
+    # and sums dy * xhat and dy over them, then stores the two partial sums as row p of
+    # dw_partial / db_partial. The caller adds the P partial rows up.
+    p = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    db_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(p, n_row_tiles, n_programs):
+        rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        wdy = w[None, :] * dy
+        # dx = rstd * (w dy - mean(w dy) - xhat * mean(xhat w dy))
+        c1 = tl.sum(xhat * wdy, axis=1) / N
+        c2 = tl.sum(wdy, axis=1) / N
+        dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        tl.store(dx_ptr + rows64 * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw_acc += dy * xhat
+        db_acc += dy
+    tl.store(dw_partial_ptr + p * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+    tl.store(db_partial_ptr + p * N + cols, tl.sum(db_acc, axis=0), mask=col_mask)
+
+
+def _tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    return row_tile(N, 4096 if dtype == torch.float32 else 8192)
+
+
+def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5):
+    """The forward kernel alone: (y, mean, rstd), the last two fp32 per row (for the backward)."""
+    x2 = rows_2d(x)
+    M, N = x2.shape
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    mean = torch.empty(M, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    if x2.numel():
+        bm, bn, warps = _tile(N, x.dtype)
+        layer_norm_fwd_kernel[(triton.cdiv(M, bm),)](x2, weight, bias, y, mean, rstd, M, N, x2.stride(0),
+                                                      y.stride(0), eps, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+    return y.view(x.shape), mean, rstd
+
+
+def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
+                        rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward kernels alone: (dx, dweight, dbias)."""
+    x2, dy2 = rows_2d(x), rows_2d(dy)
+    M, N = x2.shape
+    dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    bm, bn, warps = _tile(N, x.dtype)
+    row_tiles = triton.cdiv(M, bm)
+    programs = max(1, min(row_tiles, 2 * num_sms(x.device)))
+    dw_partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
+    db_partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
+    if x2.numel():
+        layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, dw_partial, db_partial, M, N,
+                                           dy2.stride(0), x2.stride(0), dx.stride(0), row_tiles,
+                                           BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+    else:
+        dw_partial.zero_()
+        db_partial.zero_()
+    return dx.view(x.shape), dw_partial.sum(0).to(weight.dtype), db_partial.sum(0).to(weight.dtype)
+
+
+class LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = layer_norm_forward(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = layer_norm_backward(dy, x, weight, mean, rstd)
+        return dx, dw, db, None
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """Layer norm over the last dim of x, differentiable in x, weight and bias.
+
+    x, weight and bias share one dtype (fp32, fp16 or bf16); statistics and math are fp32.
+    The last dim may be at most MAX_COLS long. Rows are read through their stride; a copy is
+    made only when the last dim is not contiguous.
+    """
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        check_tensor("layer_norm", name, t)
+    check_same_device("layer_norm", x=x, weight=weight, bias=bias)
+    check_same_dtype("layer_norm", x=x, weight=weight, bias=bias)
+    if x.dim() == 0:
+        raise ValueError("layer_norm: x must have at least one dimension; got a 0-d tensor.")
+    N = x.shape[-1]
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t.shape != (N,):
+            raise ValueError(f"layer_norm: {name} must have shape (x.shape[-1],) = ({N},); got {tuple(t.shape)} "
+                             f"for x of shape {tuple(x.shape)}.")
+    if N > MAX_COLS:
+        raise ValueError(f"layer_norm: rows of {N} elements are longer than this kernel's limit of {MAX_COLS}; "
+                         f"use torch.nn.functional.layer_norm for them.")
+    return LayerNorm.apply(x, weight.contiguous(), bias.contiguous(), float(eps))

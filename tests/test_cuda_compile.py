@@ -1,0 +1,74 @@
+"""Every .cu file of labkit.cuda compiles with plain nvcc, for Hopper and an older GPU.
+
+Plain CUDA compiles in seconds, so this runs anywhere nvcc is installed, GPU or not.
+(The torch binding is compiled by `labkit.cuda.build()` on a GPU machine, not here: it takes minutes.)
+"""
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from labkit import cuda
+
+NVCC = shutil.which("nvcc")
+# Hopper (H100/H200) and Turing (T4, the oldest GPU nvcc 13 still targets).
+TARGETS = ["arch=compute_90,code=sm_90", "arch=compute_75,code=sm_75"]
+
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA compiler) is not on PATH")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", cuda.KERNEL_FILES)
+def test_cu_file_compiles(source, tmp_path):
+    gencode = [flag for target in TARGETS for flag in ("-gencode", target)]
+    obj = tmp_path / "k.o"
+    cmd = [NVCC, "-c", "-O3", "-std=c++17", "--Werror", "all-warnings", *gencode,
+           "-I", str(cuda.SOURCE_DIR), str(cuda.SOURCE_DIR / source), "-o", str(obj)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{' '.join(cmd)}\nfailed:\n{done.stderr}{done.stdout}"
+    cuobjdump = Path(NVCC).resolve().parent / "cuobjdump"
+    if cuobjdump.exists():  # the object holds machine code for both GPUs
+        listing = subprocess.run([str(cuobjdump), "--list-elf", str(obj)], capture_output=True, text=True).stdout
+        assert "sm_90" in listing and "sm_75" in listing, listing
+
+
+@needs_nvcc
+def test_a_broken_kernel_fails_to_compile(tmp_path):
+    """The check above can fail: a kernel calling an undeclared function does not compile."""
+    bad = tmp_path / "bad.cu"
+    bad.write_text(cuda.sources("vector_add.cu").replace("x[i] + y[i]", "x[i] + no_such_function(y[i])"))
+    cmd = [NVCC, "-c", "-gencode", TARGETS[0], "-I", str(cuda.SOURCE_DIR), str(bad), "-o",
+           str(tmp_path / "bad.o")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "no_such_function" in done.stderr
+
+
+def test_every_launcher_is_declared_defined_and_bound():
+    """Each launcher in the header is defined in a .cu file, and the binding calls it."""
+    header = cuda.sources(cuda.HEADER)
+    kernels = "".join(cuda.sources(f) for f in cuda.KERNEL_FILES)
+    binding = cuda.sources(cuda.BINDING)
+    launchers = set(re.findall(r"cudaError_t (launch_\w+)\(", header))
+    assert launchers == {"launch_vector_add", "launch_matmul_naive", "launch_matmul_tiled", "launch_block_sum"}
+    for name in launchers:
+        assert f"cudaError_t {name}(" in kernels, f"{name} is declared but not defined"
+        assert f"labkit::{name}(" in binding, f"{name} is not called from binding.cpp"
+    for name in ("vector_add", "matmul_naive", "matmul_tiled", "block_sum"):
+        assert f'm.def("{name}"' in binding
+
+
+def test_each_launch_is_checked():
+    """Every kernel launch (<<<...>>>) is followed by a cudaGetLastError() check."""
+    for f in cuda.KERNEL_FILES:
+        text = cuda.sources(f)
+        assert text.count("<<<") >= 1
+        assert text.count("cudaGetLastError()") == text.count("<<<"), f
+
+
+def test_reduction_uses_warp_shuffles_and_shared_memory():
+    text = cuda.sources("reduce.cu")
+    assert "__shfl_down_sync" in text and "__shared__" in text
+    assert "__shared__" in cuda.sources("matmul.cu") and "__syncthreads()" in cuda.sources("matmul.cu")
+

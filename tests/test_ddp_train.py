@@ -1,0 +1,162 @@
+"""labkit.ddp_train: DDP over 2 gloo processes equals one process on the global batch; helpers fail clearly."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from labkit import ddp_train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+    """One torchrun launch of 2 gloo CPU processes with tiny sizes (a few seconds, mostly start-up)."""
+    out = tmp_path_factory.mktemp("ddp") / "result.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "labkit.ddp_train", "--out", str(out), "--backend", "gloo", "--device", "cpu",
+           "--dim", "7", "--hidden", "19", "--layers", "3", "--global-batch", "10", "--check-steps", "3",
+           "--batch-per-rank", "6", "--steps", "3", "--warmup", "1", "--bucket-cap-mb", "0.001",
+           "--allreduce-bytes", "4096,65536", "--allreduce-iters", "2", "--seed", "3"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, f"torchrun failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return json.loads(out.read_text())
+
+
+def test_parameters_identical_across_ranks(two_process_run):
+    chk = two_process_run["check"]
+    assert two_process_run["world_size"] == 2 and two_process_run["backend"] == "gloo"
+    assert len(chk["rank_checksums"]) == 2
+    assert chk["checksum_spread"] == 0.0
+    assert chk["max_param_diff_across_ranks"] == 0.0
+    assert two_process_run["throughput"]["checksum_spread"] == 0.0
+
+
+def test_loss_and_parameters_match_one_process_on_the_global_batch(two_process_run):
+    chk = two_process_run["check"]
+    ddp, ref = chk["ddp_losses"], chk["ref_losses"]
+    assert len(ddp) == len(ref) == 3
+    assert all(math.isfinite(v) and v > 0 for v in ddp + ref)
+    assert ref[0] != ref[-1], "the reference did not train: the comparison would be vacuous"
+    for a, b in zip(ddp, ref):
+        assert abs(a - b) <= 1e-5 * abs(b), (ddp, ref)
+    assert chk["max_loss_diff"] <= 1e-5 * max(ref)
+    assert chk["max_param_diff_vs_ref"] <= 1e-5
+
+
+def test_accumulated_gradient_equals_ddp_gradient(two_process_run):
+    chk = two_process_run["check"]
+    scale = chk["grad_max_abs"]
+    assert scale > 0
+    for key in ("grad_diff_ddp_vs_full", "grad_diff_accum_vs_full", "grad_diff_ddp_vs_accum"):
+        assert chk[key] <= 1e-5 * scale, (key, chk[key], scale)
+
+
+def test_buckets_cover_every_parameter(two_process_run):
+    chk = two_process_run["check"]
+    # a 7-19-19-7 MLP: 6 tensors; a 1 kB bucket cap splits them into several buckets
+    assert sum(b["params"] for b in chk["buckets"]) == 6
+    assert len(chk["buckets"]) >= 2
+    assert sum(b["bytes"] for b in chk["buckets"]) == 4 * chk["param_count"]
+
+
+def test_throughput_and_allreduce_fields(two_process_run):
+    thr = two_process_run["throughput"]
+    for key in ("samples_per_s", "single_samples_per_s", "scaling_efficiency", "ddp_grad_ms", "accum_grad_ms"):
+        assert math.isfinite(thr[key]) and thr[key] > 0, key
+    rows = two_process_run["allreduce"]
+    assert [r["bytes"] for r in rows] == [4096, 65536]
+    for r in rows:
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)
+        assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["us"] * 1e-6) / 1e9)
+
+
+def test_choose_backend_and_device():
+    assert ddp_train.choose("auto", "auto", 2, 0) == ("gloo", "cpu")
+    assert ddp_train.choose("auto", "auto", 2, 2) == ("nccl", "cuda")
+    assert ddp_train.choose("auto", "auto", 4, 2) == ("gloo", "cpu")
+    assert ddp_train.choose("gloo", "auto", 2, 2) == ("gloo", "cpu")
+    assert ddp_train.choose("gloo", "cuda", 2, 2) == ("gloo", "cuda")
+    with pytest.raises(ValueError, match="use --backend gloo"):
+        ddp_train.choose("nccl", "cpu", 2, 0)
+    with pytest.raises(ValueError, match="one GPU per process"):
+        ddp_train.choose("auto", "cuda", 4, 2)
+
+
+def test_main_without_torchrun_says_how_to_launch(monkeypatch, capsys, tmp_path):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert ddp_train.main(["--out", str(tmp_path / "r.json")]) == 2
+    assert "torch.distributed.run" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("bad", [["--layers", "1"], ["--steps", "0"], ["--global-batch", "0"]])
+def test_bad_arguments_are_refused(bad, tmp_path):
+    with pytest.raises(SystemExit):
+        ddp_train.parse_args(["--out", str(tmp_path / "r.json"), *bad])
+
+
+def test_global_batch_is_deterministic_and_changes_per_step():
+    x0, y0 = ddp_train.global_batch(0, 5, 3, seed=1)
+    x0b, y0b = ddp_train.global_batch(0, 5, 3, seed=1)
+    x1, _ = ddp_train.global_batch(1, 5, 3, seed=1)
+    assert torch.equal(x0, x0b) and torch.equal(y0, y0b)
+    assert not torch.equal(x0, x1)
+    assert x0.shape == (5, 3) and y0.shape == (5, 3)
+
+
+def test_checksum_sees_any_change():
+    torch.manual_seed(0)
+    m = ddp_train.make_model(5, 9, 3)
+    before = ddp_train.checksum(m)
+    with torch.no_grad():
+        m[2].weight[3, 4] += 1e-6
+    assert ddp_train.checksum(m) != before
+
+
+def test_stale_sgd_staleness_hurts_and_smaller_steps_help():
+    fresh = ddp_train.stale_sgd(0, steps=150, lr_times_l=0.5)
+    stale = ddp_train.stale_sgd(8, steps=150, lr_times_l=0.5)
+    slow = ddp_train.stale_sgd(8, steps=150, lr_times_l=0.5 / 8)
+    assert len(fresh) == len(stale) == len(slow) == 150
+    assert fresh[-1] < fresh[0] / 100
+    assert not math.isfinite(stale[-1]) or stale[-1] > fresh[0]
+    assert math.isfinite(slow[-1]) and slow[-1] < slow[0]
+    with pytest.raises(ValueError):
+        ddp_train.stale_sgd(-1)
+
+
+def test_one_process_run_in_this_process(monkeypatch, tmp_path):
+    """World size 1 (what `--nproc_per_node 1` gives): DDP equals the plain model; no all-reduce sweep."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    threads = torch.get_num_threads()
+    out = tmp_path / "one.json"
+    try:
+        rc = ddp_train.main(["--out", str(out), "--backend", "gloo", "--device", "cpu", "--dim", "5",
+                             "--hidden", "11", "--global-batch", "7", "--check-steps", "2", "--batch-per-rank", "5",
+                             "--steps", "2", "--warmup", "1", "--allreduce-bytes", "4096", "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["world_size"] == 1 and res["allreduce"] == []
+    chk = res["check"]
+    assert chk["max_param_diff_across_ranks"] == 0.0
+    assert chk["max_loss_diff"] <= 1e-6 * max(chk["ref_losses"])
+    assert chk["grad_diff_ddp_vs_full"] <= 1e-6 * chk["grad_max_abs"]
+    assert res["throughput"]["scaling_efficiency"] > 0

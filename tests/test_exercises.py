@@ -1,0 +1,174 @@
+"""exercises/ is generated from solutions/, stays in step with it, and the student checks say what is wrong."""
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from labkit import check, exercises
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
+GRADED_FUNCTIONS = ["causal_mask", "to_device", "pinned_copy", "overlapped_map", "median_ms", "matmul_flops_bytes",
+                    "attainable_tflops", "row_sum", "found_inf", "update_scale", "average_gradients",
+                    "accumulated_grads"]
+
+
+def code_of(nb: dict) -> list[str]:
+    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def functions_from(path: Path) -> dict:
+    """Run only the cells of a notebook that define functions (imports included), as a student's kernel would."""
+    ns: dict = {}
+    exec("import statistics, time\nimport torch\nimport torch.nn.functional as F\nimport triton\n"
+         "import triton.language as tl\nimport labkit\nfrom labkit import check", ns)
+    for src in code_of(json.loads(path.read_text())):
+        if re.search(r"^(@triton\.jit\n)?def ", src, re.M):
+            exec(compile(src, str(path), "exec"), ns)
+    return ns
+
+
+def test_exercises_are_up_to_date_with_solutions():
+    assert exercises.stale(SOLUTIONS, EXERCISES) == [], "run `labkit exercises build`"
+    assert exercises.main(["check"]) == 0
+
+
+def test_every_solution_notebook_has_a_generated_exercise_without_its_answers():
+    sources = exercises.solution_notebooks(SOLUTIONS)
+    assert len(sources) >= 8
+    for src in sources:
+        ex = json.loads((EXERCISES / src.name).read_text())
+        meta = ex["metadata"]["labkit"]
+        assert meta["generated_from"] == f"solutions/{src.name}" and meta["exercise"] == src.stem
+        assert not exercises.hand_edited(EXERCISES / src.name)
+        text = "\n".join(code_of(ex))
+        assert "SOLUTION" not in text and "NotImplementedError" in text
+        for cell in code_of(ex):
+            compile(cell, src.name, "exec")  # still valid Python
+        # every non-comment line inside a solution region is gone
+        for cell in code_of(json.loads(src.read_text())):
+            for region in re.findall(r"# BEGIN SOLUTION\n(.*?)# END SOLUTION", cell, re.S):
+                for line in region.splitlines():
+                    if line.strip() and not line.strip().startswith("#") and len(line.strip()) > 12:
+                        assert line not in text.splitlines(), f"{src.name}: {line.strip()!r} leaked"
+
+
+def test_stub_keeps_indentation_and_uses_the_hint():
+    src = ("def f(x):\n    y = 1\n    if x:\n        # BEGIN SOLUTION\n        # HINT: return y + x\n"
+           "        return y + x\n        # END SOLUTION\n    return y\n")
+    out = exercises.stub_source(src)
+    assert out == 'def f(x):\n    y = 1\n    if x:\n        raise NotImplementedError("return y + x")\n    return y\n'
+    ns: dict = {}
+    exec(out, ns)
+    with pytest.raises(NotImplementedError, match="return y"):
+        ns["f"](1)
+    assert ns["f"](0) == 1
+    assert 'NotImplementedError("write this part")' in exercises.stub_source("# BEGIN SOLUTION\nx = 1\n# END SOLUTION\n")
+
+
+@pytest.mark.parametrize("bad, why", [("# BEGIN SOLUTION\nx = 1\n", "never closed"),
+                                      ("x = 1\n# END SOLUTION\n", "without a BEGIN"),
+                                      ("# BEGIN SOLUTION\n# BEGIN SOLUTION\n# END SOLUTION\n", "inside another")])
+def test_broken_markers_are_reported_with_their_line(bad, why):
+    with pytest.raises(exercises.MarkerError, match=why):
+        exercises.stub_source(bad, "nb.ipynb, cell 3")
+
+
+def test_build_refuses_to_overwrite_hand_edits_and_check_sees_stale_exercises(tmp_path, capsys):
+    sol, ex = tmp_path / "solutions", tmp_path / "exercises"
+    sol.mkdir()
+    shutil.copy(SOLUTIONS / "04_roofline.ipynb", sol)
+    assert exercises.build(sol, ex) == 0
+    first = (ex / "04_roofline.ipynb").read_text()
+    assert exercises.build(sol, ex) == 0 and (ex / "04_roofline.ipynb").read_text() == first  # stable output
+    assert exercises.stale(sol, ex) == []
+
+    # the instructor edits the source: check notices, build regenerates
+    nb = json.loads((sol / "04_roofline.ipynb").read_text())
+    nb["cells"][0]["source"] = "# Exercise 04, revised\n"
+    (sol / "04_roofline.ipynb").write_text(json.dumps(nb))
+    assert any("out of date" in p for p in exercises.stale(sol, ex))
+    assert exercises.build(sol, ex) == 0 and exercises.stale(sol, ex) == []
+
+    # someone edits the generated notebook by hand: build refuses, --force overwrites
+    edited = json.loads((ex / "04_roofline.ipynb").read_text())
+    edited["cells"][2]["source"] = "quick = True  # my local change\n"
+    (ex / "04_roofline.ipynb").write_text(json.dumps(edited))
+    assert any("edited by hand" in p for p in exercises.stale(sol, ex))
+    assert exercises.build(sol, ex) == 1
+    assert "my local change" in (ex / "04_roofline.ipynb").read_text()
+    assert "--force" in capsys.readouterr().err
+    assert exercises.build(sol, ex, force=True) == 0 and exercises.stale(sol, ex) == []
+
+
+@pytest.mark.parametrize("name", GRADED_FUNCTIONS)
+def test_solutions_pass_their_visible_checks_and_exercises_say_not_done(name, capsys):
+    nb = next(p for p in exercises.solution_notebooks(SOLUTIONS) if f"def {name}(" in p.read_text())
+    assert check.run_check(name, functions_from(nb)[name]) is True
+    assert "✓" in capsys.readouterr().out
+    assert check.run_check(name, functions_from(EXERCISES / nb.name)[name]) is False
+    out = capsys.readouterr().out
+    assert "not done yet:" in out and "Traceback" not in out
+
+
+def test_cuda_check_needs_a_gpu_in_one_line(capsys):
+    ns = functions_from(SOLUTIONS / "06_cuda_kernel.ipynb")
+    ok = check.scale_kernel_source(ns["scale_kernel_source"])
+    out = capsys.readouterr().out
+    if not check.have_cuda_toolchain():
+        assert ok is False and out.count("\n") == 1 and "needs a GPU and nvcc" in out
+    assert check.scale_kernel_source(lambda: 42) is False
+    assert "expected a string of CUDA C" in capsys.readouterr().out
+
+
+def test_check_reports_wrong_shape_dtype_device_and_values(capsys):
+    def wrong_shape(x):
+        t = x.shape[-2]
+        return torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[None]
+
+    def wrong_dtype(x):
+        t = x.shape[-2]
+        return torch.ones(t, t, device=x.device).tril()
+
+    def wrong_values(x):
+        t = x.shape[-2]
+        return torch.ones(t, t, dtype=torch.bool, device=x.device).triu()
+
+    def raises(x):
+        raise ValueError("bad input")
+
+    for fn, expect in [(wrong_shape, "wrong shape: expected (5, 5), got (1, 5, 5)"),
+                       (wrong_dtype, "wrong dtype: expected torch.bool, got torch.float32"),
+                       (wrong_values, "20 of 25 elements differ; first ones: [0, 1]: expected False, got True"),
+                       (raises, "raised ValueError: bad input (in raises, line")]:
+        assert check.causal_mask(fn) is False
+        assert expect in capsys.readouterr().out
+
+    def on_cpu(x):
+        t = x.shape[-2]
+        return torch.ones(t, t, dtype=torch.bool).tril()
+
+    if labkit_device_is_cpu():
+        assert check.causal_mask(on_cpu) is False
+        assert "wrong device: expected meta, got cpu" in capsys.readouterr().out
+    assert check.causal_mask("not a function") is False
+
+
+def labkit_device_is_cpu() -> bool:
+    import labkit
+    return labkit.current().device.type == "cpu"
+
+
+def test_compare_lists_indices_and_values_of_differing_elements():
+    exp = check.expect_tensor(torch.arange(12.0).reshape(3, 4), "cpu")
+    got = check.snapshot(torch.arange(12.0).reshape(3, 4).index_put_((torch.tensor([2]), torch.tensor([3])),
+                                                                   torch.tensor(float("nan"))))
+    (msg,) = check.compare(exp, got, rtol=1e-6, atol=1e-6)
+    assert "1 of 12 elements differ" in msg and "[2, 3]: expected 11, got nan" in msg
+    assert check.compare({"a": 1.0}, {"a": 1.0 + 1e-12}, rtol=1e-9) == []
+    assert "expected a tuple, got a list" in check.compare((1, 2), [1, 2])[0]
+    assert "expected True" in check.compare(True, 1)[0]

@@ -1,0 +1,124 @@
+"""labkit.kernels.vector_add and bias_gelu against float64 references (Triton interpreter on the CPU)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import labkit
+from labkit import kernels
+from labkit.kernels import _common
+from labkit.kernels.bias_gelu import bias_gelu_backward
+
+DEV = labkit.current().device
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device=DEV).to(dtype)
+
+
+def test_importing_labkit_does_not_import_triton():
+    code = ("import os, sys, labkit; assert 'triton' not in sys.modules, 'labkit imported triton'; "
+            "from labkit import kernels; assert 'triton' in sys.modules; "
+            "print(labkit.current().triton_interpreter, os.environ.get('TRITON_INTERPRET'))")
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("TRITON_INTERPRET", None)
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True, env=env)
+    interp, env = out.stdout.split()
+    assert (env == "1") == (interp == "True")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vector_add(dtype, poison_outputs, close64):
+    for shape in [(37,), (5, 129), (4097,)]:
+        x, y = randn(*shape, dtype=dtype), randn(*shape, dtype=dtype)
+        z = kernels.vector_add(x, y)
+        assert z.dtype == dtype and z.shape == x.shape
+        close64(z, x.double() + y.double())
+
+
+def test_vector_add_non_contiguous(poison_outputs, close64):
+    x = randn(129, 7).t()  # transposed
+    y = randn(7, 200)[:, 3:132]  # sliced rows
+    close64(kernels.vector_add(x, y), x.double() + y.double())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_gelu_forward_and_backward(dtype, poison_outputs, close64):
+    x = randn(3, 5, 37, dtype=dtype).requires_grad_()
+    b = randn(37, dtype=dtype).requires_grad_()
+    y = kernels.bias_gelu(x, b)
+    assert y.dtype == dtype and y.shape == x.shape
+    x64, b64 = x.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    y64 = kernels.bias_gelu.reference(x64, b64)
+    close64(y, y64)
+    dy = randn(3, 5, 37, dtype=dtype)
+    dx, db = torch.autograd.grad(y, (x, b), dy)
+    dx64, db64 = torch.autograd.grad(y64, (x64, b64), dy.double())
+    close64(dx, dx64)
+    close64(db, db64, scale=4)  # a sum over 15 rows, rounded once
+
+
+def test_bias_gelu_non_contiguous_and_many_rows(poison_outputs, close64):
+    base = randn(300, 70)
+    x = base[:, 1:66]  # a view: row stride 70, unit column stride
+    b = randn(65)
+    y = kernels.bias_gelu(x, b)
+    close64(y, kernels.bias_gelu.reference(x.double(), b.double()))
+    xt = randn(65, 9).t().requires_grad_()  # transposed: the last dim is not contiguous
+    bt = randn(65).requires_grad_()
+    dy = randn(9, 65)
+    dx, db = torch.autograd.grad(kernels.bias_gelu(xt, bt), (xt, bt), dy)
+    x64, b64 = xt.detach().double().requires_grad_(), bt.detach().double().requires_grad_()
+    dx64, db64 = torch.autograd.grad(kernels.bias_gelu.reference(x64, b64), (x64, b64), dy.double())
+    close64(dx, dx64)
+    close64(db, db64)
+
+
+def test_bias_gelu_backward_with_many_row_tiles(close64):
+    # More row tiles than programs: each program loops over several tiles and sums them.
+    x, b, dy = randn(700, 3), randn(3), randn(700, 3)
+    dx, db = bias_gelu_backward(dy, x, b)
+    x64, b64 = x.double().requires_grad_(), b.double().requires_grad_()
+    dx64, db64 = torch.autograd.grad(kernels.bias_gelu.reference(x64, b64), (x64, b64), dy.double())
+    close64(dx, dx64)
+    close64(db, db64, scale=4)
+
+
+def test_bad_inputs_say_what_to_do():
+    x = randn(4, 8)
+    with pytest.raises(TypeError, match="float64.*accepted: float32, float16, bfloat16"):
+        kernels.vector_add(x.double(), x.double())
+    with pytest.raises(ValueError, match=r"expected y of shape \(4, 8\), got \(4, 7\)"):
+        kernels.vector_add(x, randn(4, 7))
+    with pytest.raises(TypeError, match="share one dtype"):
+        kernels.vector_add(x, x.half())
+    with pytest.raises(ValueError, match=r"bias must have shape .*\(8,\).*got .*\(7,\)"):
+        kernels.bias_gelu(x, randn(7))
+    with pytest.raises(ValueError, match="meta"):
+        kernels.vector_add(torch.empty(4, 8, device="meta"), x)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        kernels.bias_gelu([1.0], x)
+
+
+def test_wrong_device_messages(monkeypatch):
+    x = torch.randn(4, 8)
+    # As the kernels were built for the GPU: a CPU tensor is told to move with .to("cuda").
+    monkeypatch.setattr(_common, "INTERPRETED", False)
+    with pytest.raises(ValueError, match=r"x is on cpu.*x\.to\('cuda'\)"):
+        _common.check_tensor("vector_add", "x", x)
+    # As the kernels run in the interpreter: a GPU (here: meta) tensor is told to move with .cpu().
+    monkeypatch.setattr(_common, "INTERPRETED", True)
+    with pytest.raises(ValueError, match=r"x\.cpu\(\)"):
+        _common.check_tensor("vector_add", "x", torch.empty(2, device="meta"))
+
+
+def test_byte_counts():
+    assert kernels.vector_add.min_bytes(1000, torch.float32) == 12000
+    assert kernels.vector_add.min_bytes(1000, torch.bfloat16) == 6000
+    assert kernels.bias_gelu.min_bytes((10, 100), torch.float32) == (2000 + 100) * 4
+    assert kernels.bias_gelu.min_bytes((10, 100), torch.float16, backward=True) == (3000 + 200) * 2

@@ -1,0 +1,77 @@
+"""labkit.kernels.layer_norm forward and backward against float64 autograd (interpreter on the CPU)."""
+import pytest
+import torch
+
+import labkit
+from labkit import kernels
+from labkit.kernels.layer_norm import layer_norm_backward, layer_norm_forward
+
+DEV = labkit.current().device
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device=DEV).to(dtype)
+
+
+def grads64(x, w, b, dy, eps=1e-5):
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    y64 = kernels.layer_norm.reference(x64, w64, b64, eps)
+    return (y64, *torch.autograd.grad(y64, (x64, w64, b64), dy.double()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_layer_norm_forward_backward(dtype, poison_outputs, close64):
+    x = (randn(2, 3, 37, dtype=torch.float32) * 2 + 0.5).to(dtype).requires_grad_()
+    w = randn(37, dtype=dtype).requires_grad_()
+    b = randn(37, dtype=dtype).requires_grad_()
+    y = kernels.layer_norm(x, w, b)
+    assert y.dtype == dtype and y.shape == x.shape
+    dy = randn(2, 3, 37, dtype=dtype)
+    y64, dx64, dw64, db64 = grads64(x, w, b, dy)
+    close64(y, y64)
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
+    close64(dx, dx64, scale=2)
+    close64(dw, dw64, scale=4)  # sums over 6 rows, rounded once
+    close64(db, db64, scale=4)
+
+
+def test_layer_norm_non_contiguous_and_eps(poison_outputs, close64):
+    base = randn(11, 150).requires_grad_()
+    x = base  # gradients are taken with respect to the base; the kernel sees a strided view
+    xv = base[:, 7:136]  # strided rows of 129
+    w, b = randn(129).requires_grad_(), randn(129).requires_grad_()
+    dy = randn(129, 11).t()  # a non-contiguous upstream gradient
+    y = kernels.layer_norm(xv, w, b, eps=1e-3)
+    y64, dx64, dw64, db64 = grads64(xv, w, b, dy, eps=1e-3)
+    close64(y, y64)
+    dbase, dw, db = torch.autograd.grad(y, (base, w, b), dy)
+    close64(dbase[:, 7:136], dx64, scale=2)
+    assert (dbase[:, :7] == 0).all() and (dbase[:, 136:] == 0).all()
+    close64(dw, dw64, scale=2)
+    close64(db, db64, scale=2)
+
+
+def test_layer_norm_backward_many_rows_per_program(poison_outputs, close64):
+    # Rows of 5 pack many to a tile, and more tiles than programs: every loop path runs.
+    x, w, b, dy = randn(2000, 5), randn(5), randn(5), randn(2000, 5)
+    y, mean, rstd = layer_norm_forward(x, w, b)
+    dx, dw, db = layer_norm_backward(dy, x, w, mean, rstd)
+    y64, dx64, dw64, db64 = grads64(x, w, b, dy)
+    close64(y, y64)
+    close64(dx, dx64)
+    close64(dw, dw64, scale=10)
+    close64(db, db64, scale=10)
+    torch.testing.assert_close(mean.double(), x.double().mean(-1), rtol=1e-5, atol=1e-6)
+
+
+def test_layer_norm_bad_inputs():
+    x, w = randn(3, 8), randn(8)
+    with pytest.raises(ValueError, match=r"weight must have shape .*\(8,\); got \(9,\)"):
+        kernels.layer_norm(x, randn(9), w)
+    with pytest.raises(TypeError, match="share one dtype"):
+        kernels.layer_norm(x, w.half(), w)
+    with pytest.raises(TypeError, match="float64.*accepted"):
+        kernels.layer_norm(x.double(), w.double(), w.double())
+    with pytest.raises(ValueError, match="longer than this kernel's limit"):
+        kernels.layer_norm(torch.empty(1, 16385, device=DEV), torch.empty(16385, device=DEV),
+                           torch.empty(16385, device=DEV))

@@ -1,0 +1,59 @@
+"""labkit.kernels.softmax (one-pass and online) against a float64 reference (interpreter on the CPU)."""
+import pytest
+import torch
+
+import labkit
+from labkit import kernels
+
+DEV = labkit.current().device
+
+
+def randn(*shape, dtype=torch.float32, scale=3.0):
+    return (scale * torch.randn(*shape, device=DEV)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("online", [False, True], ids=["one-pass", "online"])
+def test_softmax_matches_float64(dtype, online, poison_outputs, close64):
+    for shape in [(3, 37), (2, 3, 129), (1,), (17, 1)]:
+        x = randn(*shape, dtype=dtype)
+        y = kernels.softmax(x, online=online)
+        assert y.dtype == dtype and y.shape == x.shape
+        close64(y, torch.softmax(x.double(), dim=-1))
+
+
+def test_online_softmax_spans_several_chunks(poison_outputs, close64, monkeypatch):
+    from labkit.kernels import softmax as _  # noqa: F401  (the function; the module is in sys.modules)
+    import sys
+    mod = sys.modules["labkit.kernels.softmax"]
+    monkeypatch.setattr(mod, "ONLINE_BLOCK", 64)  # rows of 333 take six chunks, the last one partial
+    x = randn(5, 333)
+    x[1, 300] = 40.0  # the row maximum arrives late: earlier sums must be rescaled
+    close64(kernels.softmax(x, online=True), torch.softmax(x.double(), dim=-1))
+    # The automatic choice streams rows longer than the one-pass limit.
+    monkeypatch.setitem(mod.MAX_FUSED_COLS, torch.float32, 128)
+    close64(kernels.softmax(x), torch.softmax(x.double(), dim=-1))
+
+
+def test_softmax_non_contiguous_and_extreme_values(poison_outputs, close64):
+    x = randn(9, 200)[:, 5:134]  # strided rows
+    close64(kernels.softmax(x), torch.softmax(x.double(), dim=-1))
+    xt = randn(37, 6).t()  # last dim not contiguous: copied first
+    close64(kernels.softmax(xt), torch.softmax(xt.double(), dim=-1))
+    big = torch.tensor([[1000.0, 999.0, -1000.0], [-float("inf"), 0.0, 1.0]], device=DEV)
+    close64(kernels.softmax(big), torch.softmax(big.double(), dim=-1))
+    close64(kernels.softmax(big, online=True), torch.softmax(big.double(), dim=-1))
+
+
+def test_softmax_bad_inputs():
+    with pytest.raises(TypeError, match="int64.*accepted: float32, float16, bfloat16"):
+        kernels.softmax(torch.ones(3, 4, dtype=torch.int64, device=DEV))
+    with pytest.raises(ValueError, match="0-d"):
+        kernels.softmax(torch.tensor(1.0, device=DEV))
+    with pytest.raises(ValueError, match="meta"):
+        kernels.softmax(torch.empty(3, 4, device="meta"))
+
+
+def test_softmax_counts():
+    assert kernels.softmax.min_bytes((16, 1024), torch.float32) == 2 * 16 * 1024 * 4
+    assert kernels.softmax.min_bytes((16, 1024), torch.bfloat16) == 2 * 16 * 1024 * 2

@@ -1,0 +1,120 @@
+"""labkit.precision: matmul in each precision against fp64, format facts, and clear errors."""
+import math
+
+import pytest
+import torch
+
+from labkit import precision
+
+CPU_OK = [p for p in precision.PRECISIONS if precision.supported(p, "cpu")[0]]
+
+
+def test_fp32_and_bf16_are_supported_on_cpu_and_tf32_is_explained():
+    assert precision.supported("fp32", "cpu") == (True, "")
+    assert precision.supported("bf16", "cpu") == (True, "")
+    ok, why = precision.supported("tf32", "cpu")
+    assert not ok and "tensor cores" in why
+
+
+def test_unknown_precision_says_what_to_pick():
+    with pytest.raises(ValueError, match="pick one of those"):
+        precision.relative_error(8, "fp8")
+    with pytest.raises(ValueError, match="pick one of those"):
+        precision.supported("float32", "cpu")
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True])
+def test_bad_sizes_are_refused(bad):
+    with pytest.raises(ValueError, match="positive int"):
+        precision.inputs(bad, "cpu")
+
+
+@pytest.mark.parametrize("p", CPU_OK)
+@pytest.mark.parametrize("shape", [(37, 53, 29), (3, 17, 2)])
+def test_matmul_in_matches_fp64_on_odd_non_contiguous_inputs(p, shape):
+    m, k, n = shape
+    g = torch.Generator().manual_seed(m * 1000 + k)
+    a = torch.randn(k, m, generator=g, dtype=torch.float64).T          # non-contiguous view
+    b = torch.randn(n, k, generator=g, dtype=torch.float64).T
+    assert not a.is_contiguous() and not b.is_contiguous()
+    out = precision.matmul_in(a, b, p)
+    assert out.dtype == precision.PRECISIONS[p] and out.shape == (m, n)
+    assert torch.isfinite(out).all()
+    ref = a @ b
+    # each product term is rounded: error per entry <= ~k * u * sum|a||b| (k-term dot product bound)
+    bound = 2 * k * precision.unit_roundoff(p) * (a.abs() @ b.abs())
+    assert ((out.double() - ref).abs() <= bound + 1e-30).all()
+
+
+def test_matmul_in_refuses_mixed_devices():
+    a = torch.randn(4, 4, dtype=torch.float64)
+    b = torch.randn(4, 4, dtype=torch.float64, device="meta")
+    with pytest.raises(ValueError, match="move both"):
+        precision.matmul_in(a, b, "fp32")
+
+
+@pytest.mark.parametrize("n", [33, 65])
+def test_relative_error_tracks_each_formats_roundoff(n):
+    errs = precision.relative_errors(n, CPU_OK, "cpu", seed=n)
+    for p, e in errs.items():
+        u = precision.unit_roundoff(p)
+        assert u / 50 < e < 4 * u, (p, e, u)
+    assert errs["fp32"] < errs["bf16"]
+    if "fp16" in errs:
+        assert errs["fp32"] < errs["fp16"] < errs["bf16"]
+    assert precision.relative_error(n, "bf16", "cpu", seed=n) == errs["bf16"]
+
+
+def test_inputs_are_fresh_random_and_reproducible():
+    a, b = precision.inputs(9, "cpu", seed=4)
+    a2, _ = precision.inputs(9, "cpu", seed=4)
+    a3, _ = precision.inputs(9, "cpu", seed=5)
+    assert a.dtype == torch.float64 and (a != 0).all() and (b != 0).all()
+    assert torch.equal(a, a2) and not torch.equal(a, a3) and not torch.equal(a, b)
+
+
+def test_tf32_context_restores_the_setting_even_on_error():
+    old = torch.backends.cuda.matmul.allow_tf32
+    with pytest.raises(KeyError):
+        with precision.tf32(not old):
+            assert torch.backends.cuda.matmul.allow_tf32 == (not old)
+            raise KeyError("boom")
+    assert torch.backends.cuda.matmul.allow_tf32 == old
+
+
+def test_matmul_rate_returns_a_measured_rate_for_odd_shapes():
+    r = precision.matmul_rate(13, "fp32", device="cpu", rep_ms=1, shape=(13, 7, 11))
+    assert r.precision == "fp32" and r.timing.n >= 5
+    assert math.isfinite(r.tflops) and r.tflops > 0
+    assert r.tflops == pytest.approx(2 * 13 * 7 * 11 / r.timing.median_ms / 1e9)
+    with pytest.raises(ValueError):
+        precision.matmul_rate(8, "fp32", device="cpu", shape=(8, 0, 8))
+
+
+@pytest.mark.parametrize("p", ["fp32", "fp16", "bf16"])
+def test_format_rows_and_unit_roundoff_agree_with_finfo(p):
+    row = {r["format"]: r for r in precision.format_rows()}[p]
+    fi = torch.finfo(precision.PRECISIONS[p])
+    assert row["max"] == fi.max and row["smallest normal"] == fi.smallest_normal and row["eps"] == fi.eps
+    assert precision.unit_roundoff(p) == fi.eps / 2
+    # the smallest subnormal is representable and half of it rounds to zero
+    tiny = torch.tensor(row["smallest subnormal"], dtype=torch.float64)
+    assert tiny.to(precision.PRECISIONS[p]).item() == row["smallest subnormal"]
+    assert (tiny / 4).to(precision.PRECISIONS[p]).item() == 0.0
+
+
+def test_tf32_row_has_fp32_range_and_fp16_precision():
+    rows = {r["format"]: r for r in precision.format_rows()}
+    assert rows["tf32"]["max"] == rows["fp32"]["max"]
+    assert rows["tf32"]["eps"] == rows["fp16"]["eps"] == 2.0**-10
+
+
+def test_zero_fraction_counts_only_new_zeros():
+    ref = torch.tensor([1.0, 0.0, 3.0, 4.0])
+    assert precision.zero_fraction(torch.tensor([0.0, 0.0, 3.0, 0.0]), ref) == 0.5
+    assert precision.zero_fraction(ref.clone(), ref) == 0.0
+    # an fp16 cast really flushes tiny values
+    tiny = torch.tensor([1e-9, 1e-3, 2e-8, 1.0], dtype=torch.float64)
+    assert precision.zero_fraction(tiny.half().double(), tiny) == 0.5
+    with pytest.raises(ValueError, match="shapes differ"):
+        precision.zero_fraction(torch.zeros(3), ref)
