@@ -171,8 +171,8 @@ def extract_code(path: Path) -> tuple[list[list], list[str]]:
             if stripped.startswith(("!", "%")):
                 indent = line[: len(line) - len(stripped)]
                 lines.append(f"{indent}pass")
-                notes.append(f"code cell {number}: skipped the shell/magic line `{stripped[:60]}` "
-                             f"(use subprocess.run in Python)")
+                notes.append(f"code cell {number}: skipped the line `{stripped[:60]}`: the grader runs plain "
+                             f"Python, not IPython magics or shell lines (use subprocess.run for commands)")
             else:
                 lines.append(line)
         cells.append([number, "\n".join(lines) + "\n"])
@@ -211,6 +211,8 @@ class StudentReport:
     student: str
     outcomes: dict[str, Outcome]
     notes: list[str] = field(default_factory=list)
+    incidents: list[str] = field(default_factory=list)  # time-outs and deaths: also in the CSV
+    missing: list[str] = field(default_factory=list)  # graded notebooks not submitted
     seconds: float = 0.0
 
 
@@ -396,9 +398,12 @@ def grade_student(ctx: Context, index: int, student: str, paths: list[Path]) -> 
         (work / sub).mkdir(parents=True, exist_ok=True)
     jobs, cases_args = [], {}
     for nb in names:
+        for s in ctx.specs[nb]:
+            if s.needs_gpu and not ctx.cuda_build:
+                report.outcomes[s.name] = Outcome(s.points, None, NEEDS_GPU,
+                                                  ["needs a CUDA GPU and nvcc: not graded on this machine"])
         if nb not in matched:
-            for s in ctx.specs[nb]:
-                report.outcomes[s.name].messages.append(f"{nb}.ipynb was not submitted")
+            report.missing.append(nb)
             continue
         try:
             cells, cell_notes = extract_code(matched[nb])
@@ -410,8 +415,7 @@ def grade_student(ctx: Context, index: int, student: str, paths: list[Path]) -> 
         fns = []
         for s in ctx.specs[nb]:
             if s.needs_gpu and not ctx.cuda_build:
-                report.outcomes[s.name] = Outcome(s.points, None, NEEDS_GPU,
-                                                  ["needs a CUDA GPU and nvcc: not graded on this machine"])
+                continue
             elif s.requires_triton and not defines_triton_kernel(cells):
                 report.outcomes[s.name] = Outcome(s.points, 0.0, "failed", [
                     f"no @triton.jit kernel in {matched[nb].name}: {s.name} must run a Triton kernel you wrote"])
@@ -444,7 +448,7 @@ def grade_student(ctx: Context, index: int, student: str, paths: list[Path]) -> 
                 break
             current = next((n for n in reversed(started) if n not in done), None)
             why = killed or (f"the process was killed by {_signal_name(rc)}" if rc is not None and rc < 0 else
-                             f"the process exited with code {rc} (sys.exit/os._exit at top level, or a crash)")
+                             f"the process exited (code {rc}) before it finished: os._exit, or a crash")
             if current is None:  # died before running any notebook it was given
                 tail = _log_tail(work, str(launch))
                 for j in remaining:
@@ -472,7 +476,7 @@ def grade_student(ctx: Context, index: int, student: str, paths: list[Path]) -> 
                 for fn in job_of["functions"]:
                     died.setdefault(fn, f"{why}{where}")
                 remaining = after
-            report.notes.append(f"{current}: {why}{where}")
+            report.incidents.append(f"{current}: {why}{where}")
 
         for nb in jobs:
             for fn in nb["functions"]:
@@ -490,6 +494,7 @@ def grade_student(ctx: Context, index: int, student: str, paths: list[Path]) -> 
         if ctx.gpu_slots is not None:
             ctx.gpu_slots.put(cuda_visible)
     report.notes = list(dict.fromkeys(report.notes))  # a notebook run again repeats its cells' notes
+    report.incidents = list(dict.fromkeys(report.incidents))
     report.seconds = time.monotonic() - t0
     return report
 
@@ -758,7 +763,7 @@ def write_reports(out_dir: Path, reports: list[StudentReport], columns: list[FnS
                     row.append(_fmt_points(o.score))
                     total += o.score
                     out_of += s.points
-            notes = "; ".join(n for n in r.notes if "timed out" in n or "process" in n or "memory" in n)[:300]
+            notes = "; ".join(r.incidents + [f"not submitted: {', '.join(r.missing)}"] * bool(r.missing))[:400]
             w.writerow(row + [_fmt_points(total), _fmt_points(out_of), notes])
     os.replace(tmp, out_dir / "grades.csv")
     for r in reports:
@@ -779,19 +784,21 @@ def feedback_markdown(r: StudentReport, columns: list[FnSpec], device: str) -> s
     if skipped:
         lines += [f"Not graded here ({NEEDS_GPU}): " + ", ".join(f"`{s.name}`" for s in skipped)
                   + ". They need a CUDA GPU and nvcc; they do not count against you.", ""]
+    if r.missing:
+        lines += ["Not submitted (their functions score 0): " + ", ".join(f"`{n}.ipynb`" for n in r.missing), ""]
     lines += ["| notebook | function | score | status |", "|---|---|---|---|"]
     for s in columns:
         o = r.outcomes[s.name]
         score = NEEDS_GPU if o.score is None else f"{_fmt_points(o.score)} / {_fmt_points(s.points)}"
         lines.append(f"| {s.notebook} | `{s.name}` | {score} | {o.status} |")
-    problems = [s for s in columns if r.outcomes[s.name].status not in ("ok", NEEDS_GPU)]
+    problems = [s for s in columns if r.outcomes[s.name].status not in ("ok", NEEDS_GPU, "not submitted")]
     if problems:
         lines += ["", "## What went wrong"]
         for s in problems:
             o = r.outcomes[s.name]
             lines += ["", f"### `{s.name}` ({s.notebook})"] + [f"- {m}" for m in o.messages or ["no result"]]
-    if r.notes:
-        lines += ["", "## Notes from running your notebooks"] + [f"- {n}" for n in r.notes[:40]]
+    if r.incidents or r.notes:
+        lines += ["", "## Notes from running your notebooks"] + [f"- {n}" for n in (r.incidents + r.notes)[:40]]
     return "\n".join(lines) + "\n"
 
 

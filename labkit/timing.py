@@ -101,13 +101,19 @@ def _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
     t0 = time.perf_counter()
     fn()
     estimate = (time.perf_counter() - t0) * 1e3
+    deadline = time.perf_counter() + warmup_ms / 1e3
     for _ in range(_reps(estimate, warmup_ms, 1, max_reps)):
         fn()
-    samples = []
+        if time.perf_counter() > deadline:
+            break
+    # The first calls may have been unusually fast: stop at twice the budget whatever the count.
+    samples, deadline = [], time.perf_counter() + 2 * rep_ms / 1e3
     for _ in range(_reps(estimate, rep_ms, min_reps, max_reps)):
         t0 = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t0) * 1e3)
+        if len(samples) >= min_reps and t0 > deadline:
+            break
     return summarize(samples)
 
 

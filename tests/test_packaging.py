@@ -8,7 +8,7 @@ CONDA_NAMES = {"pytorch": "torch"}  # conda-forge name -> PyPI name
 
 
 def _name(spec: str) -> str:
-    return re.split(r"[<>=!~;\s\[]", spec.strip(), maxsplit=1)[0].lower()
+    return re.split(r"[<>=!~;:\s\[]", spec.strip(), maxsplit=1)[0].lower()
 
 
 def pip_packages() -> set[str]:

@@ -57,3 +57,19 @@ def test_gpu_events_time_the_kernel_not_the_launch():
     assert t.median_ms > 0.02
     g = bench(lambda: x.add_(0.0), cuda_graph=True, device="cuda")
     assert g.median_ms > 0.02
+
+
+def test_host_sampling_stops_near_its_budget_when_calls_slow_down():
+    import time
+
+    calls = {"n": 0}
+
+    def fn():  # fast while the count is estimated, then slow: a loaded machine
+        calls["n"] += 1
+        if calls["n"] > 3:
+            time.sleep(0.005)
+
+    t0 = time.perf_counter()
+    t = bench(fn, warmup_ms=10, rep_ms=50, min_reps=5, device="cpu")
+    assert time.perf_counter() - t0 < 1.0
+    assert t.n >= 5 and t.median_ms >= 4.9

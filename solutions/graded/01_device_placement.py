@@ -1,7 +1,7 @@
 """Graded cases for 01_device_placement: other shapes, ranks and devices than the visible checks."""
 import torch
 
-from labkit.check import _mlp_args, expect_tensor
+from labkit.check import _mlp_args, expect_mask, expect_tensor
 
 
 def causal_mask_cases(g: torch.Generator, gpu: bool) -> list[dict]:
@@ -12,7 +12,7 @@ def causal_mask_cases(g: torch.Generator, gpu: bool) -> list[dict]:
         t = shape[-2]
         cases.append({"about": f"x of shape {shape} on {dev}",
                       "args": {"x": torch.randn(shape, generator=g), "device": dev},
-                      "expected": expect_tensor(torch.ones(t, t, dtype=torch.bool).tril(), dev)})
+                      "expected": expect_mask(t, dev)})
     return cases
 
 

@@ -1,0 +1,258 @@
+"""`labkit grade` against real students: solutions, untouched exercises, wrong answers and hostile code.
+
+Submissions are built here from the solution notebooks (copy, then edit one function), and graded in
+one `labkit grade` call with two workers, so the expensive part (a child process per student) runs once.
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from labkit import check, grade
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
+TIMEOUT = 25  # per notebook; the stubborn student below costs this once
+
+
+def nb(name: str, folder: Path = SOLUTIONS) -> dict:
+    return json.loads((folder / f"{name}.ipynb").read_text())
+
+
+def src(cell: dict) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def edit(notebook: dict, old: str, new: str) -> dict:
+    """Replace `old` by `new` in the one code cell that holds it."""
+    hits = [c for c in notebook["cells"] if c["cell_type"] == "code" and old in src(c)]
+    assert len(hits) == 1, f"{old!r} found in {len(hits)} cells"
+    hits[0]["source"] = src(hits[0]).replace(old, new)
+    return notebook
+
+
+def add_cell(notebook: dict, code: str, after: str = "labkit.setup(") -> dict:
+    """Insert a code cell after the cell containing `after`."""
+    i = next(i for i, c in enumerate(notebook["cells"]) if after in src(c))
+    notebook["cells"].insert(i + 1, {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                                     "source": code, "id": f"added{i}{len(notebook['cells'])}"})
+    return notebook
+
+
+def save(root: Path, student: str, notebooks: dict[str, dict]) -> None:
+    (root / student).mkdir(parents=True)
+    for name, content in notebooks.items():
+        (root / student / f"{name}.ipynb").write_text(json.dumps(content))
+
+
+def visible_attainable_table() -> dict:
+    """What a student who hard-codes the visible checks' answers would write."""
+    return {tuple(c["args"].values()): c["expected"]["attainable TFLOP/s"] for c in check.VISIBLE["attainable_tflops"]()}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    base = tmp_path_factory.mktemp("grading")
+    subs, out = base / "submissions", base / "out"
+    subs.mkdir()
+    names = [p.stem for p in sorted(SOLUTIONS.glob("0*.ipynb"))]
+    save(subs, "solution", {n: nb(n) for n in names})
+    save(subs, "exercise", {n: nb(n, EXERCISES) for n in names})
+
+    # wrong answers: off-by-one mask, made on the wrong device, wrong shape, wrong dtype
+    save(subs, "wrong", {
+        "05_triton_row_sum": edit(nb("05_triton_row_sum"), "mask = cols < n_cols", "mask = cols < n_cols - 1"),
+        "01_device_placement": edit(nb("01_device_placement"), "dtype=torch.bool, device=x.device)",
+                                    "dtype=torch.bool)"),
+        "08_data_parallel": edit(edit(nb("08_data_parallel"), "torch.stack(grads).mean(0)",
+                                      "torch.stack(grads).mean(0, keepdim=True)"),
+                                 "p.grad.detach().clone()", "p.grad.detach().double()"),
+    })
+    # raises in one function, sys.exit in another, and a top-level cell that raises
+    save(subs, "raiser", {"04_roofline": add_cell(edit(edit(
+        nb("04_roofline"), "return 2 * m * n * k,", "raise ValueError('no idea'); return 2 * m * n * k,"),
+        "return min(peak_tflops,", "import sys; sys.exit(3); return min(peak_tflops,"), "raise RuntimeError('oops')")})
+    # a hard crash (segfault) in one function: the next function of that notebook is still graded
+    save(subs, "crasher", {"07_mixed_precision": edit(
+        nb("07_mixed_precision"), "return any(g is not None", "import ctypes; ctypes.string_at(0); return any(g is not None")})
+    # os._exit in the second function of a notebook
+    save(subs, "exiter", {"04_roofline": edit(nb("04_roofline"), "return min(peak_tflops,",
+                                              "import os; os._exit(0); return min(peak_tflops,")})
+    # an infinite loop in a function (stopped by the exercise's alarm)
+    save(subs, "looper", {"07_mixed_precision": edit(nb("07_mixed_precision"), "    if found:\n",
+                                                     "    while True:\n        pass\n    if found:\n")})
+    # a top-level loop that swallows the alarm (stopped by the parent); its next notebook is still graded
+    save(subs, "stubborn", {
+        "04_roofline": add_cell(nb("04_roofline"), "import time\nwhile True:\n    try:\n        time.sleep(0.5)\n"
+                                                   "    except BaseException:\n        pass\n"),
+        "07_mixed_precision": nb("07_mixed_precision")})
+    # allocates until it dies
+    save(subs, "hog", {"08_data_parallel": edit(
+        nb("08_data_parallel"), "return [torch.stack(grads).mean(0)",
+        "hog = []\n    while True:\n        hog.append(bytearray(64 * 2**20))\n    return [torch.stack(grads).mean(0)")})
+    # redefines the checks, monkeypatches torch, caches the visible answers
+    cheat = add_cell(edit(nb("01_device_placement"), "return torch.ones(t, t, dtype=torch.bool, device=x.device).tril()",
+                          "return torch.zeros(t, t, dtype=torch.bool, device=x.device)"),
+                     "import labkit.check\nlabkit.check.causal_mask = lambda fn: True\ncheck.causal_mask = lambda fn: True\n"
+                     "torch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n"
+                     "torch.Tensor.__ne__ = lambda *a, **k: torch.tensor(False)\n"
+                     "torch.testing.assert_close = lambda *a, **k: None\n")
+    table = visible_attainable_table()
+    cached = edit(nb("04_roofline"), "return min(peak_tflops, flops / nbytes * peak_gbps / 1e3)",
+                  f"return {table!r}.get((flops, nbytes, peak_tflops, peak_gbps), 1.0)")
+    save(subs, "cheater", {"01_device_placement": cheat, "04_roofline": cached})
+    # reads the solutions and the graded tests, writes the grades, signals the grader
+    snoop = edit(nb("04_roofline"), "return 2 * m * n * k, (m * k + k * n + m * n) * itemsize",
+                 f"text = open({str(SOLUTIONS / '04_roofline.ipynb')!r}).read()\n"
+                 "    return 2 * m * n * k, (m * k + k * n + m * n) * itemsize")
+    snoop = edit(snoop, "return min(peak_tflops,", f"import os; print(os.listdir({str(SOLUTIONS / 'graded')!r})); "
+                 "return min(peak_tflops,")
+    snoop = add_cell(snoop, f"open({str(out / 'grades.csv')!r}, 'w').write('student,total\\nsnoop,999\\n')")
+    snoop = add_cell(snoop, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
+    snoop = add_cell(snoop, "import subprocess\nsubprocess.run(['cat', '/etc/hostname'], check=True)")
+    save(subs, "snoop", {"04_roofline": snoop})
+    # one notebook, renamed, with shell and magic lines: matched by its metadata
+    solo = edit(nb("04_roofline"), "import labkit\n", "!pip install nothing\n%matplotlib inline\nimport labkit\n")
+    solo["metadata"]["labkit"] = {"exercise": "04_roofline"}
+    (subs / "solo.ipynb").write_text(json.dumps(solo))
+    (subs / "notes.txt").write_text("not a submission")
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "labkit.cli", "grade", str(subs), "--out", str(out), "--workers", "2",
+           "--timeout", str(TIMEOUT), "--exercise-timeout", "4", "--memory-mb", "1500", "--device", "cpu"]
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+    with open(out / "grades.csv", newline="") as f:
+        rows = {r["student"]: r for r in csv.DictReader(f)}
+    feedback = {p.stem: p.read_text() for p in (out / "feedback").glob("*.md")}
+    return rows, feedback, run.stdout
+
+
+def test_solutions_score_full_marks_and_gpu_work_is_marked_needs_gpu(graded):
+    rows, feedback, _ = graded
+    r = rows["solution"]
+    assert r["scale_kernel_source"] == grade.NEEDS_GPU  # graded with --device cpu
+    assert r["total"] == r["out_of"] == "14", feedback["solution"]
+    assert "do not count against you" in feedback["solution"]
+
+
+def test_untouched_exercises_score_zero_with_not_done_yet(graded):
+    rows, feedback, _ = graded
+    assert rows["exercise"]["total"] == "0" and rows["exercise"]["out_of"] == "14"
+    assert feedback["exercise"].count("not done yet") == 12
+
+
+def test_wrong_answers_lose_marks_with_what_is_wrong(graded):
+    rows, feedback, _ = graded
+    r, fb = rows["wrong"], feedback["wrong"]
+    assert r["row_sum"] == "0" and "elements differ" in fb  # off-by-one mask
+    assert r["causal_mask"] == "0.6" and "wrong device: expected meta, got cpu" in fb  # right on the CPU cases only
+    assert r["average_gradients"] == "0" and "wrong shape: expected (5,), got (1, 5)" in fb
+    assert r["accumulated_grads"] == "0" and "wrong dtype: expected torch.float32, got torch.float64" in fb
+    assert r["to_device"] == "1" and r["found_inf"] == "0"  # graded notebooks not submitted count zero
+    assert "Not submitted (their functions score 0): `02_transfers.ipynb`" in fb and r["out_of"] == "14"
+    assert r["scale_kernel_source"] == grade.NEEDS_GPU and "not submitted: 02_transfers" in r["notes"]
+
+
+def test_raising_and_exiting_functions_score_zero_and_the_batch_goes_on(graded):
+    rows, feedback, _ = graded
+    assert rows["raiser"]["matmul_flops_bytes"] == "0" and "raised ValueError: no idea" in feedback["raiser"]
+    assert rows["raiser"]["attainable_tflops"] == "0" and "called sys.exit(3)" in feedback["raiser"]
+    assert "raised RuntimeError: oops" in feedback["raiser"]  # a failing top-level cell is a note
+    assert rows["exiter"]["matmul_flops_bytes"] == "1" and rows["exiter"]["attainable_tflops"] == "0"
+    assert "exited (code 0) before it finished" in feedback["exiter"] and "while grading attainable_tflops" in feedback["exiter"]
+
+
+def test_a_crash_costs_only_the_function_that_crashed(graded):
+    rows, feedback, _ = graded
+    assert rows["crasher"]["found_inf"] == "0" and rows["crasher"]["update_scale"] == "1"
+    assert "killed by SIGSEGV while grading found_inf" in feedback["crasher"]
+    assert "SIGSEGV" in rows["crasher"]["notes"]
+
+
+def test_infinite_loops_are_stopped(graded):
+    rows, feedback, _ = graded
+    assert rows["looper"]["update_scale"] == "0" and rows["looper"]["found_inf"] == "1"
+    assert "timed out" in feedback["looper"]
+    r = rows["stubborn"]
+    assert r["matmul_flops_bytes"] == r["attainable_tflops"] == "0"
+    assert r["found_inf"] == r["update_scale"] == "1"  # its next notebook ran in a fresh process
+    assert f"ran past its {TIMEOUT} s limit" in feedback["stubborn"] and "timed out" in r["notes"]
+
+
+def test_a_memory_hog_gets_zero_for_that_function(graded):
+    rows, feedback, _ = graded
+    assert rows["hog"]["average_gradients"] == "0" and rows["hog"]["accumulated_grads"] == "2"
+    assert "MemoryError" in feedback["hog"] or "memory" in feedback["hog"]
+
+
+def test_cheating_in_the_students_own_process_does_not_pay(graded):
+    rows, feedback, _ = graded
+    assert rows["cheater"]["causal_mask"] == "0" and "elements differ" in feedback["cheater"]
+    assert rows["cheater"]["attainable_tflops"] == "0"  # cached visible answers fail on the hidden cases
+    assert rows["cheater"]["matmul_flops_bytes"] == "1"
+
+
+def test_the_cached_answers_would_have_passed_the_visible_check(capsys):
+    table = visible_attainable_table()
+    assert check.attainable_tflops(lambda *a: table.get(a, 1.0)) is True
+
+
+def test_reading_solutions_writing_grades_and_signals_are_refused(graded):
+    rows, feedback, stdout = graded
+    fb = feedback["snoop"]
+    assert rows["snoop"]["matmul_flops_bytes"] == "0" and rows["snoop"]["attainable_tflops"] == "0"
+    assert "PermissionError: grading sandbox: open of" in fb and "04_roofline.ipynb is not allowed" in fb
+    assert "os.listdir" in fb or "os.scandir" in fb
+    assert "grading sandbox: os.kill is not allowed" in fb
+    assert "starting cat is not allowed" in fb
+    assert "snoop,999" not in stdout and rows["snoop"]["total"] == "0"
+    assert len(rows) == 12  # nobody added a row
+
+
+def test_a_single_renamed_notebook_is_matched_and_magics_are_skipped(graded):
+    rows, feedback, _ = graded
+    assert rows["solo"]["matmul_flops_bytes"] == rows["solo"]["attainable_tflops"] == "1"
+    assert "skipped the line `!pip install nothing`" in feedback["solo"]
+    assert "skipped the line `%matplotlib inline`" in feedback["solo"]
+    assert "notes" not in rows
+
+
+def test_hidden_cases_are_deterministic_and_differ_from_the_visible_ones():
+    specs = grade.load_specs(SOLUTIONS / "graded")
+    for nb_specs in specs.values():
+        for s in nb_specs:
+            a, b = grade.make_cases(s, 7, False), grade.make_cases(s, 7, False)
+            assert [c["about"] for c in a] == [c["about"] for c in b]
+            assert all(check.compare(x["expected"], y["expected"]) == [] for x, y in zip(a, b))
+            if s.name in check.VISIBLE and s.name != "scale_kernel_source":
+                visible = {c["about"] for c in check.VISIBLE[s.name]()}
+                assert not visible & {c["about"] for c in a}, s.name
+
+
+def test_matching_extracting_and_the_triton_requirement(tmp_path):
+    names = ["01_device_placement", "05_triton_row_sum"]
+    paths = [tmp_path / "my_05_triton_row_sum.ipynb", tmp_path / "01-mine.ipynb", tmp_path / "zz.ipynb"]
+    for p in paths:
+        p.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    matched, notes = grade.match_notebooks(paths, names)
+    assert matched == {"05_triton_row_sum": paths[0], "01_device_placement": paths[1]}
+    assert any("zz.ipynb" in n for n in notes)
+    cells, notes = grade.extract_code(SOLUTIONS / "05_triton_row_sum.ipynb")
+    assert grade.defines_triton_kernel(cells) and notes == []
+    assert not grade.defines_triton_kernel([[1, "def row_sum(x):\n    return x.sum(1)\n"]])
+
+
+def test_results_from_the_child_are_loaded_as_data_only(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save({"cases": [Evil()]}, tmp_path / "r.pt")
+    results, problem = grade._load_results(tmp_path / "r.pt")
+    assert results is None and "could not be read" in problem
