@@ -85,7 +85,14 @@ def _rows_cols(dims: tuple[int, ...]) -> tuple[int, int]:
 
 
 def _maybe_compile(fn, use_compile: bool):
-    return torch.compile(fn) if use_compile else None
+    if not use_compile:
+        return None
+    try:  # the backward rows call autograd.grad(retain_graph=True), which donated buffers forbid
+        import torch._functorch.config as functorch_config
+        functorch_config.donated_buffer = False
+    except (ImportError, AttributeError):
+        pass
+    return torch.compile(fn)
 
 
 def make_case(kernel: str, size: str, dtype_name: str, use_compile: bool) -> Case:

@@ -37,9 +37,10 @@ COURSE_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SEED = 20250601
 NEEDS_GPU = "needs GPU"
 MAX_RESULT_BYTES = 256 * 2**20
-# Programs a student's process may start: the compilers Triton uses on a GPU (launcher stubs, ptxas).
-ALLOWED_PROGRAMS = {"gcc", "cc", "c++", "g++", "clang", "clang++", "ptxas", "ldconfig", "ldconfig.real", "nvcc",
-                    "ninja", "which", "uname", "nvidia-smi"}
+# Programs a student's process may start: the tools Triton and ctypes.util use on a GPU host (the C
+# compiler for launcher stubs, ptxas, ldconfig to find libcuda), matched by name, e.g. gcc-12, ptxas-blackwell.
+ALLOWED_PROGRAMS = re.compile(r"^([\w.]+-)*(gcc|g\+\+|cc|c\+\+|clang|clang\+\+|ld|ptxas|nvcc|ninja|ldconfig|"
+                              r"nvidia-smi|uname|which)([-.][\w.]+)?$")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,7 +436,7 @@ def grade_student(ctx: Context, index: int, student: str, paths: list[Path]) -> 
             launch += 1
             job = {"workdir": str(work), "notebooks": remaining, "device": device,
                    "cell_timeout": ctx.exercise_timeout, "exercise_timeout": ctx.exercise_timeout,
-                   "rlimit_mb": ctx.memory_mb if device == "cpu" else 0, "threads": ctx.threads,
+                   "memory_mb": ctx.memory_mb, "rlimit_as": device == "cpu", "threads": ctx.threads,
                    "forbidden": ctx.forbidden + [str(ctx.workroot)], "allowed": [str(work)]}
             budget = 120 + ctx.timeout * len(remaining)
             events, killed, rc = _launch(ctx, work, job, str(launch), env, budget, ctx.timeout)
@@ -448,7 +449,7 @@ def grade_student(ctx: Context, index: int, student: str, paths: list[Path]) -> 
                 break
             current = next((n for n in reversed(started) if n not in done), None)
             why = killed or (f"the process was killed by {_signal_name(rc)}" if rc is not None and rc < 0 else
-                             f"the process exited (code {rc}) before it finished: os._exit, or a crash")
+                             f"the process ended early (exit code {rc}: os._exit, or a crash)")
             if current is None:  # died before running any notebook it was given
                 tail = _log_tail(work, str(launch))
                 for j in remaining:
@@ -577,7 +578,7 @@ def install_guard(forbidden: list[str], allowed: list[str]) -> None:
                 argv = args[1] if len(args) > 1 else None
                 argv = [argv] if isinstance(argv, (str, bytes)) else list(argv or [])
                 exe = os.path.basename(os.fsdecode(args[0] or (argv[0] if argv else "")))
-                if exe not in ALLOWED_PROGRAMS or any(bad(a) for a in argv if isinstance(a, (str, bytes))):
+                if not ALLOWED_PROGRAMS.match(exe) or any(bad(a) for a in argv if isinstance(a, (str, bytes))):
                     raise PermissionError(f"grading sandbox: starting {exe or 'a program'} is not allowed")
             elif event in ("os.kill", "os.killpg", "signal.pthread_kill") and args and args[0] not in (me, 0):
                 if event != "signal.pthread_kill":
@@ -617,6 +618,14 @@ def _describe(exc: BaseException, timeout: float) -> str:
     return _describe_error(exc)
 
 
+def _vm_size() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def child_main(job_path: str) -> None:
     import builtins
     import linecache
@@ -630,10 +639,7 @@ def child_main(job_path: str) -> None:
         os.write(events_fd, (json.dumps(ev) + "\n").encode())
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    limit = int(job.get("rlimit_mb") or 0) * 2**20
-    if limit:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (job["memory_mb"] * 2**20,) * 2)  # output and files it writes
 
     import torch
 
@@ -651,6 +657,9 @@ def child_main(job_path: str) -> None:
     if job["device"] == "cuda" and any(fn == "median_ms" for nb in job["notebooks"] for fn in nb["functions"]):
         real_check.calibrate_gpu_sleep()
     callers = dict(real_check.CALLERS)
+    if job.get("rlimit_as"):  # address space beyond what torch and triton mapped on import (not with CUDA)
+        extra = _vm_size() + job["memory_mb"] * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (extra, extra))
     global _describe_error
     _describe_error = real_check.describe_error
     save, replace = torch.save, os.replace

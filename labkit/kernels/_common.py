@@ -1,6 +1,7 @@
 """Input checks and launch helpers shared by labkit's Triton kernels."""
 from __future__ import annotations
 
+import functools
 import os
 from typing import Iterable
 
@@ -63,6 +64,7 @@ def rows_2d(x: torch.Tensor) -> torch.Tensor:
     return x2
 
 
+@functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -73,16 +75,16 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def row_tile(n_cols: int, elem_budget: int) -> tuple[int, int, int]:
+def row_tile(n_cols: int, min_tile: int, elems_per_thread: int, max_warps: int = 32) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for a kernel that holds BLOCK_M whole rows in registers.
 
-    Short rows are packed several to a program so each program still moves a few KiB;
-    num_warps grows with the tile so that each thread holds about 8-32 values.
+    Short rows are packed several to a program so each program moves at least `min_tile`
+    elements; num_warps gives each thread about `elems_per_thread` values. (The defaults in
+    each kernel were picked by sweeping tiles and warps on an H200.)
     """
     block_n = next_pow2(n_cols)
-    block_m = max(1, elem_budget // block_n)
-    tile = block_m * block_n
-    num_warps = max(4, min(16, tile // 512))
+    block_m = max(1, min_tile // block_n)
+    num_warps = max(4, min(max_warps, block_m * block_n // (32 * elems_per_thread)))
     if INTERPRETED:
         num_warps = 1
     return block_m, block_n, num_warps

@@ -113,13 +113,17 @@ class TritonAdamW(torch.optim.Optimizer):
         self._ptr_tables: dict[tuple, tuple[list[int], torch.Tensor]] = {}
 
     def _init_state(self, p: torch.Tensor) -> dict:
+        """Check a parameter the first time it has a gradient and create its fp32 state."""
+        check_tensor("TritonAdamW", "a parameter", p, FLOAT_DTYPES)
+        if not p.is_contiguous():
+            raise ValueError("TritonAdamW: parameters must be contiguous (make them so before creating "
+                             "the optimizer, e.g. torch.nn.Parameter(t.contiguous())).")
         state = self.state[p]
-        if not state:
-            state["step"] = torch.tensor(0.0)
-            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
-            if p.dtype != torch.float32:
-                state["master"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+        state["step"] = 0.0  # a Python number: a CPU tensor per parameter would cost microseconds per step
+        state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+        if p.dtype != torch.float32:
+            state["master"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format, copy=True)
         return state
 
     @torch.no_grad()
@@ -128,23 +132,23 @@ class TritonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # Host work per parameter is kept to a few dictionary look-ups: with hundreds of tensors,
+        # per-parameter tensor operations on the CPU would take longer than the kernel itself.
         for gi, group in enumerate(self.param_groups):
             buckets: dict[tuple, list[torch.Tensor]] = defaultdict(list)
             for p in group["params"]:
-                if p.grad is None:
+                grad = p.grad
+                if grad is None:
                     continue
-                check_tensor("TritonAdamW", "a parameter", p, FLOAT_DTYPES)
-                if p.grad.is_sparse:
-                    raise ValueError("TritonAdamW does not support sparse gradients: use torch.optim.SparseAdam.")
-                if p.grad.dtype != p.dtype or p.grad.device != p.device:
-                    raise TypeError(f"TritonAdamW: a gradient ({p.grad.dtype}, {p.grad.device}) does not match its "
-                                    f"parameter ({p.dtype}, {p.device}).")
-                if not p.is_contiguous():
-                    raise ValueError("TritonAdamW: parameters must be contiguous (make them so before creating "
-                                     "the optimizer, e.g. torch.nn.Parameter(t.contiguous())).")
-                state = self._init_state(p)
-                state["step"] += 1
-                buckets[(p.device, p.dtype, float(state["step"]))].append(p)
+                state = self.state[p]
+                if not state:
+                    state = self._init_state(p)
+                if grad.dtype != p.dtype or grad.device != p.device or grad.is_sparse:
+                    raise TypeError(f"TritonAdamW: a gradient ({grad.dtype}, {grad.device}"
+                                    f"{', sparse' if grad.is_sparse else ''}) does not match its parameter "
+                                    f"({p.dtype}, {p.device}); sparse gradients need torch.optim.SparseAdam.")
+                state["step"] = step = float(state["step"]) + 1.0
+                buckets[(p.device, p.dtype, step)].append(p)
             for (device, dtype, step), params in buckets.items():
                 self._launch(gi, group, device, dtype, step, params)
         return loss

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (check_same_device, check_same_dtype, check_tensor, num_sms, row_tile,
+from labkit.kernels._common import (INTERPRETED, check_same_device, check_same_dtype, check_tensor, num_sms, row_tile,
                                     rows_2d)
 
 MAX_COLS = 16384  # a whole row is held in registers
@@ -73,7 +73,9 @@ def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_p
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # Program p handles row tiles p, p + P, p + 2P, ... (P programs): it writes dx for those rows
     # and sums dy * xhat and dy over them, then stores the two partial sums as row p of
-    # dw_partial / db_partial. The caller adds the P partial rows up.
+    # dw_partial / db_partial; the caller adds the P partial rows up.
+    # Each iteration first issues the loads of the *next* tile, so they are in flight while
+    # this tile is reduced and written (a hand-made two-stage pipeline).
     p = tl.program_id(0)
     n_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
@@ -81,30 +83,52 @@ def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_p
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     db_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    x_next, dy_next, mean_next, rstd_next = _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, p, M, cols, col_mask,
+                                                         stride_dy, stride_x, BLOCK_M)
     for t in range(p, n_row_tiles, n_programs):
+        x, dy, mean, rstd = x_next.to(tl.float32), dy_next.to(tl.float32), mean_next, rstd_next
+        x_next, dy_next, mean_next, rstd_next = _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, t + n_programs, M,
+                                                             cols, col_mask, stride_dy, stride_x, BLOCK_M)
         rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_mask = rows < M
-        mask = row_mask[:, None] & col_mask[None, :]
-        rows64 = rows.to(tl.int64)[:, None]
-        x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
-        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        mask = (rows < M)[:, None] & col_mask[None, :]
         xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
         wdy = w[None, :] * dy
         # dx = rstd * (w dy - mean(w dy) - xhat * mean(xhat w dy))
         c1 = tl.sum(xhat * wdy, axis=1) / N
         c2 = tl.sum(wdy, axis=1) / N
         dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
-        tl.store(dx_ptr + rows64 * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dx_ptr + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
+                 mask=mask)
         dw_acc += dy * xhat
         db_acc += dy
     tl.store(dw_partial_ptr + p * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
     tl.store(db_partial_ptr + p * N + cols, tl.sum(db_acc, axis=0), mask=col_mask)
 
 
-def _tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    return row_tile(N, 4096 if dtype == torch.float32 else 8192)
+@triton.jit
+def _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, tile, M, cols, col_mask, stride_dy, stride_x,
+                 BLOCK_M: tl.constexpr):
+    # x, dy (in their own dtype), mean and rstd of row tile `tile` (all masked off past the last row).
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    mask = row_mask[:, None] & col_mask[None, :]
+    rows64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(dy_ptr + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0)
+    mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+    rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+    return x, dy, mean, rstd
+
+
+def _fwd_tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    # fp32: tiles of >= 1024 elements, 16 values per thread; 16-bit: >= 4096 elements, 32 per thread.
+    return row_tile(N, 1024, 16) if dtype == torch.float32 else row_tile(N, 4096, 32)
+
+
+def _bwd_tile(N: int) -> tuple[int, int, int]:
+    # Tiles of >= 4096 elements; single rows get 4 warps up to 4096 columns, packed rows 8 warps.
+    bm, bn, warps = row_tile(N, 4096, 32, max_warps=16)
+    return bm, bn, (warps if bm == 1 else max(warps, 8)) if not INTERPRETED else 1
 
 
 def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5):
@@ -115,7 +139,7 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     mean = torch.empty(M, dtype=torch.float32, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     if x2.numel():
-        bm, bn, warps = _tile(N, x.dtype)
+        bm, bn, warps = _fwd_tile(N, x.dtype)
         layer_norm_fwd_kernel[(triton.cdiv(M, bm),)](x2, weight, bias, y, mean, rstd, M, N, x2.stride(0),
                                                       y.stride(0), eps, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
     return y.view(x.shape), mean, rstd
@@ -127,7 +151,7 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     x2, dy2 = rows_2d(x), rows_2d(dy)
     M, N = x2.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    bm, bn, warps = _tile(N, x.dtype)
+    bm, bn, warps = _bwd_tile(N)
     row_tiles = triton.cdiv(M, bm)
     programs = max(1, min(row_tiles, 2 * num_sms(x.device)))
     dw_partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
