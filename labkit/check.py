@@ -87,8 +87,7 @@ def _tensor_problem(path: str, exp: dict, got: Any, rtol: float, atol: float) ->
     if e.dtype != g.dtype:
         return f"{path}: wrong dtype: expected {e.dtype}, got {g.dtype}"
     if not _same_device(exp["device"], got["device"]):
-        note = (" ('meta' stands in for a GPU here: it has shapes and dtypes but no values; "
-                "create tensors on the input's device)") if exp["device"] == "meta" else ""
+        note = META_NOTE if exp["device"] == "meta" else ""
         return f"{path}: wrong device: expected {exp['device']}, got {got['device']}{note}"
     if exp["device"] == "meta" or e.numel() == 0:
         return None
@@ -107,6 +106,9 @@ def _tensor_problem(path: str, exp: dict, got: Any, rtol: float, atol: float) ->
                       for i in idx)
     tol = "" if e.dtype == torch.bool or not e.is_floating_point() else f" (rtol={rtol:g}, atol={atol:g})"
     return f"{path}: {n_bad} of {e.numel()} elements differ{tol}; first ones: {shown}"
+
+
+META_NOTE = " ('meta' stands in for a GPU on this machine: tensors there have shapes and dtypes, no values)"
 
 
 def compare(expected: Any, got: Any, rtol: float = 0.0, atol: float = 0.0, path: str = "output",
@@ -145,16 +147,22 @@ def compare(expected: Any, got: Any, rtol: float = 0.0, atol: float = 0.0, path:
         elif isinstance(e, dict):
             if not isinstance(g, dict) or _is_tensor(g):
                 problems.append(f"{p}: expected a dict, got {_kind(g)}")
-            elif set(e) != set(g):
-                problems.append(f"{p}: expected keys {sorted(e)}, got {sorted(g)}")
             else:
                 for k in e:
-                    walk(e[k], g[k], k if p == "output" else f"{p}[{k!r}]")
+                    where = k if p == "output" else f"{p}[{k!r}]"
+                    if k in g:
+                        walk(e[k], g[k], where)
+                    elif len(problems) < limit:
+                        problems.append(f"{where}: missing")
+                extra = sorted(set(g) - set(e))
+                if extra and len(problems) < limit:
+                    problems.append(f"{p}: unexpected keys {extra}")
         else:
             problems.append(f"{p}: cannot compare {type(e).__name__}")
 
     walk(expected, got, path)
-    return problems
+    first = next((i for i, m in enumerate(problems) if m.endswith(META_NOTE)), None)
+    return [m[: -len(META_NOTE)] if m.endswith(META_NOTE) and i != first else m for i, m in enumerate(problems)]
 
 
 # ---------------------------------------------------------------------------------------------

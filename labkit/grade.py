@@ -876,6 +876,11 @@ def main(argv: list[str] | None = None) -> int:
     workroot = Path(tempfile.mkdtemp(prefix="labkit-grade-"))
     forbidden = [str(p) for p in (args.graded, COURSE_ROOT / "solutions", COURSE_ROOT / "tests",
                                   COURSE_ROOT / ".git", args.out, args.submissions)]
+    package = Path(__file__).resolve().parent
+    for f in (args.out, args.submissions):
+        if package.is_relative_to(f.resolve()):
+            ap.error(f"{f} holds the labkit package itself, which the students' processes must read: "
+                     f"put submissions and --out in folders of their own")
     ctx = Context(specs, args.timeout, args.exercise_timeout or max(5.0, args.timeout / 4), args.memory_mb, gpu,
                   gpu and have_cuda_toolchain(), forbidden, workroot, max(1, cpus // args.workers), slots)
     columns = [s for nb in specs.values() for s in nb]
