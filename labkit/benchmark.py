@@ -321,7 +321,10 @@ def _plot(rows: list[Row], path: Path, info: dict) -> None:
 
 
 def timing_check() -> int:
-    """labkit.bench vs triton.testing.do_bench (median) on a copy, a softmax and a matmul."""
+    """labkit.bench vs triton.testing.do_bench (median) on a copy, a softmax and a matmul.
+
+    Each helper runs five times, alternating, and the median of each helper's medians is compared.
+    """
     if not labkit.current().is_gpu:
         print("labkit bench --timing-check: needs a GPU (triton.testing.do_bench times with CUDA events); skipped.")
         return 0
@@ -340,10 +343,19 @@ def timing_check() -> int:
              "matmul 4096^3 bf16": lambda: kernels.matmul(a, b)}
     print(f"{'kernel':<26} {'labkit.bench':>13} {'do_bench':>12} {'diff':>7}  spread")
     worst = 0.0
+    rounds = 5  # alternate the two helpers, so a drift of the GPU's clock hits both alike
     for name, fn in cases.items():
         fn()
-        ours = bench(fn)
-        theirs = triton.testing.do_bench(fn, return_mode="median")
+        runs, theirs_runs = [], []
+        for r in range(rounds):
+            if r % 2:
+                theirs_runs.append(triton.testing.do_bench(fn, return_mode="median"))
+                runs.append(bench(fn))
+            else:
+                runs.append(bench(fn))
+                theirs_runs.append(triton.testing.do_bench(fn, return_mode="median"))
+        ours = sorted(runs, key=lambda t: t.median_ms)[rounds // 2]
+        theirs = sorted(theirs_runs)[rounds // 2]
         diff = (ours.median_ms - theirs) / theirs
         worst = max(worst, abs(diff))
         print(f"{name:<26} {_fmt_ms(ours.median_ms):>13} {_fmt_ms(theirs):>12} {diff:>+7.1%}  {ours.spread:.1%}")

@@ -870,6 +870,9 @@ def main(argv: list[str] | None = None) -> int:
         ids = [v.strip() for v in visible.split(",") if v.strip()] if visible else [
             str(i) for i in range(torch.cuda.device_count())]
         slots = queue.Queue()
+        if args.workers > len(ids):
+            print(f"labkit grade: {args.workers} workers share {len(ids)} GPU(s); timed exercises are fairest with "
+                  f"--workers {len(ids)} (one GPU each)")
         for k in range(args.workers):
             slots.put(ids[k % len(ids)])
     cpus = os.cpu_count() or 1

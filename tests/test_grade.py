@@ -94,7 +94,7 @@ def graded(tmp_path_factory):
     # allocates until it dies (stopped by the parent), or all at once (refused by the address-space limit)
     save(subs, "hog", {"08_data_parallel": edit(edit(
         nb("08_data_parallel"), "return [torch.stack(grads).mean(0)",
-        "hog = []\n    while True:\n        hog.append(bytearray(64 * 2**20))\n    return [torch.stack(grads).mean(0)"),
+        "hog = []\n    while True:\n        hog.append(b'\\1' * (64 * 2**20))\n    return [torch.stack(grads).mean(0)"),
         "return [p.grad.detach().clone()", "torch.ones(2**38, dtype=torch.uint8)\n    return [p.grad.detach().clone()")})
     # redefines the checks, monkeypatches torch, caches the visible answers
     cheat = add_cell(edit(nb("01_device_placement"), "return torch.ones(t, t, dtype=torch.bool, device=x.device).tril()",
@@ -125,7 +125,7 @@ def graded(tmp_path_factory):
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "labkit.cli", "grade", str(subs), "--out", str(out), "--workers", "2",
-           "--timeout", str(TIMEOUT), "--exercise-timeout", "4", "--memory-mb", "1500", "--device", "cpu"]
+           "--timeout", str(TIMEOUT), "--exercise-timeout", "4", "--memory-mb", "1000", "--device", "cpu"]
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     with open(out / "grades.csv", newline="") as f:
@@ -189,7 +189,9 @@ def test_infinite_loops_are_stopped(graded):
 def test_a_memory_hog_gets_zero_for_that_function(graded):
     rows, feedback, _ = graded
     assert rows["hog"]["average_gradients"] == "0" and rows["hog"]["accumulated_grads"] == "0"
-    assert "ran out of memory: the process used more than 1500 MB" in feedback["hog"]
+    # the parent's watchdog or the address-space limit stops it, whichever the race reaches first
+    assert ("ran out of memory: the process used more than 1000 MB" in feedback["hog"]
+            or "raised MemoryError" in feedback["hog"]), feedback["hog"]
     assert "raised RuntimeError" in feedback["hog"] and "accumulated_grads" in feedback["hog"]
 
 
