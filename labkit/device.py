@@ -86,10 +86,33 @@ def setup(device: str | torch.device | None = None, quick: bool | None = None) -
                 stacklevel=2,
             )
         os.environ["TRITON_INTERPRET"] = "1"
+        _fix_old_triton_interpreter()
     if dev.type == "cuda" and dev.index is not None:  # set_device needs an index; plain "cuda" keeps the current GPU
         torch.cuda.set_device(dev)
     _current = Setup(device=dev, quick=bool(quick), triton_interpreter=interpreter)
     return _current
+
+
+def _fix_old_triton_interpreter() -> None:
+    """Triton < 3.7's interpreter passes scalar arguments as 1-element arrays, which NumPy 2 refuses
+    as an index, so `range(0, n, BLOCK)` in a kernel fails; convert them as Triton 3.7+ does."""
+    try:
+        from importlib.metadata import version
+        if tuple(int(p) for p in version("triton").split(".")[:2]) >= (3, 7):
+            return
+        from triton.runtime import interpreter
+    except Exception:  # no triton, or one laid out differently: nothing to mend
+        return
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "labkit_fixed", False):
+        return
+
+    def patched(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patched.labkit_fixed = True
+    interpreter._patch_lang_tensor = patched
 
 
 def current() -> Setup:

@@ -92,3 +92,24 @@ def test_importing_labkit_does_not_import_triton():
     import subprocess
     code = "import sys, labkit; sys.exit('triton' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_triton_kernels_with_runtime_loop_bounds_run_on_this_device():
+    """A loop over a runtime length (old interpreters choked on it under NumPy 2)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def row_sum(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=0.0)
+        tl.store(out_ptr + row, tl.sum(acc, axis=0))
+
+    dev = labkit.current().device
+    x = torch.randn(3, 37, device=dev)
+    out = torch.full((3,), float("nan"), device=dev)
+    row_sum[(3,)](x, out, 37, BLOCK=16)
+    torch.testing.assert_close(out.double().cpu(), x.double().sum(1).cpu(), rtol=1e-5, atol=1e-5)
