@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 import labkit
-from labkit.timing import Timing, bench
+from labkit.timing import Timing, bench, format_ms
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -244,7 +244,7 @@ def table(kernel: str, rows: list[Row]) -> str:
     head = ["shape", "dtype", "time", unit, "of ceiling", "spread"] + [f"vs {n}" for n in names]
     body = []
     for r in rows:
-        body.append([r.shape, r.dtype, _fmt_ms(r.ms), _fmt_num(r.rate),
+        body.append([r.shape, r.dtype, format_ms(r.ms), _fmt_num(r.rate),
                      f"{r.fraction:.0%}" if r.fraction is not None else "n/a", f"{r.spread:.1%}"]
                     + [f"{_fmt_num(r.speedup[n])}x" if r.speedup.get(n) else "n/a" for n in names])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
@@ -258,10 +258,6 @@ def table(kernel: str, rows: list[Row]) -> str:
 
 def _fmt_num(v: float) -> str:
     return f"{v:,.1f}" if v >= 100 else f"{v:.3g}"
-
-
-def _fmt_ms(ms: float) -> str:
-    return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.3f} ms"
 
 
 def save(rows: list[Row], path: Path) -> list[Path]:
@@ -358,7 +354,7 @@ def timing_check() -> int:
         theirs = sorted(theirs_runs)[rounds // 2]
         diff = (ours.median_ms - theirs) / theirs
         worst = max(worst, abs(diff))
-        print(f"{name:<26} {_fmt_ms(ours.median_ms):>13} {_fmt_ms(theirs):>12} {diff:>+7.1%}  {ours.spread:.1%}")
+        print(f"{name:<26} {format_ms(ours.median_ms):>13} {format_ms(theirs):>12} {diff:>+7.1%}  {ours.spread:.1%}")
     print(f"largest difference {worst:.1%}: {'within' if worst <= 0.03 else 'OUTSIDE'} the 3% the course asks for")
     return 0
 

@@ -15,10 +15,9 @@ from pathlib import Path
 import torch
 
 from labkit.device import current, machine_info
-from labkit.timing import bench, gbps, tflops
-
-MATMUL_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
+from labkit.precision import PRECISIONS, matmul_rate
+from labkit.timing import bench, gbps
+from labkit.transfer import measure_sweep
 
 @dataclass
 class Ceilings:
@@ -73,25 +72,12 @@ def measure_copy_gbps(nbytes: int) -> float:
 
 def measure_matmul_tflops(n: int, dtype: str) -> float:
     """Rate of an n x n x n matmul in one precision ('fp32' here means TF32 off)."""
-    dev = current().device
-    a = torch.randn(n, n, device=dev, dtype=MATMUL_DTYPES[dtype])
-    b = torch.randn(n, n, device=dev, dtype=MATMUL_DTYPES[dtype])
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-    try:
-        t = bench(lambda: a @ b)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
-    return tflops(2 * n**3, t.median_ms)
+    return matmul_rate(n, dtype).tflops
 
 
 def measure_transfer_gbps(nbytes: int, direction: str, pinned: bool) -> float:
     """Host<->device copy bandwidth for one buffer of `nbytes` ('h2d' or 'd2h')."""
-    dev = current().device
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).random_()
-    gpu = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-    fn = (lambda: gpu.copy_(host)) if direction == "h2d" else (lambda: host.copy_(gpu))
-    return gbps(nbytes, bench(fn, flush_cache=False).median_ms)
+    return gbps(nbytes, measure_sweep([nbytes], direction, pinned)[0].median_ms)
 
 
 def measure() -> Ceilings:
@@ -100,7 +86,7 @@ def measure() -> Ceilings:
     quick = current().quick
     if current().is_gpu:
         copy_bytes, n, xfer = (2**28, 4096, 2**26) if quick else (2**31, 8192, 2**30)
-        dtypes = list(MATMUL_DTYPES)
+        dtypes = list(PRECISIONS)
     else:
         copy_bytes, n, xfer = (2**24, 256, 0) if quick else (2**28, 1024, 0)
         dtypes = ["fp32"]

@@ -5,6 +5,7 @@ Triton interpreter so every Triton kernel in the course runs on the CPU.
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
@@ -139,6 +140,7 @@ def have_gpus(n: int = 1, section: str = "this section") -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=None)
 def _nvidia_smi(query: str) -> str | None:
     exe = shutil.which("nvidia-smi")
     if not exe:

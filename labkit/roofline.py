@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from labkit.ceilings import Ceilings
+from labkit.timing import gbps, tflops
 
 XLABEL = "arithmetic intensity (FLOP/byte)"
 YLABEL = "performance (TFLOP/s)"
@@ -36,11 +37,11 @@ class Point:
 
     @property
     def tflops(self) -> float:
-        return self.flops / self.ms / 1e9
+        return tflops(self.flops, self.ms)
 
     @property
     def gbps(self) -> float:
-        return self.nbytes / self.ms / 1e6
+        return gbps(self.nbytes, self.ms)
 
 
 def _peak(ceil: Ceilings, dtype: str) -> float:

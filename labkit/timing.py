@@ -36,11 +36,12 @@ class Timing:
         return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else 0.0
 
     def __str__(self) -> str:
-        return (f"{_fmt_ms(self.median_ms)} (p20-p80 {_fmt_ms(self.p20_ms)}-{_fmt_ms(self.p80_ms)}, "
+        return (f"{format_ms(self.median_ms)} (p20-p80 {format_ms(self.p20_ms)}-{format_ms(self.p80_ms)}, "
                 f"n={self.n})")
 
 
-def _fmt_ms(ms: float) -> str:
+def format_ms(ms: float) -> str:
+    """1.5 -> '1.500 ms', 0.012 -> '12.0 us'."""
     return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.3f} ms"
 
 
