@@ -102,15 +102,24 @@ def measure() -> Ceilings:
     return c
 
 
+def _cache_path() -> Path:
+    return cache_dir() / f"ceilings-{_machine_key()[1]}.json"
+
+
+def cached() -> Ceilings | None:
+    """The ceilings measured before on this machine, or None (never measures)."""
+    path = _cache_path()
+    try:
+        return Ceilings(**json.loads(path.read_text()))
+    except (OSError, TypeError, ValueError):
+        return None  # none yet, or an older or damaged cache file
+
+
 def get(refresh: bool = False) -> Ceilings:
     """This machine's ceilings, from the cache when they were measured before."""
-    _, key = _machine_key()
-    path = cache_dir() / f"ceilings-{key}.json"
-    if path.exists() and not refresh:
-        try:
-            return Ceilings(**json.loads(path.read_text()))
-        except (TypeError, ValueError):
-            pass  # an older or damaged cache file: measure again
+    path = _cache_path()
+    if not refresh and (c := cached()) is not None:
+        return c
     c = measure()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(c), indent=1))

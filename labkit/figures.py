@@ -13,7 +13,20 @@ MIME = "application/vnd.labkit.figure+json"
 figures: dict[str, dict[str, Any]] = {}
 
 
-def record(name: str, value: float | int | str | bool, unit: str = "", note: str = "") -> Any:
+def display_entry(text: str, mime: str, entry: dict[str, Any]) -> None:
+    """Show `text` and attach `entry` as data under `mime` (plain print outside IPython)."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+        if get_ipython() is not None:
+            display({"text/plain": text, mime: entry}, raw=True)
+            return
+    except ImportError:
+        pass
+    print(text)
+
+
+def record(name: str, value: float | int | str | bool, unit: str = "", note: str = "") -> None:
     """Keep one measured figure (a number, or a short string) and show it."""
     if not isinstance(name, str) or not name:
         raise ValueError("record() needs a non-empty figure name")
@@ -25,23 +38,21 @@ def record(name: str, value: float | int | str | bool, unit: str = "", note: str
         value = str(value)  # JSON has no NaN/inf
     entry = {"name": name, "value": value, "unit": unit, "note": note}
     figures[name] = entry
-    text = f"{name} = {_fmt(value)} {unit}".rstrip() + (f"  ({note})" if note else "")
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-        if get_ipython() is not None:
-            display({"text/plain": text, MIME: entry}, raw=True)
-            return value
-    except ImportError:
-        pass
-    print(text)
-    return value
+    text = f"{name} = {fmt_value(value)} {unit}".rstrip() + (f"  ({note})" if note else "")
+    display_entry(text, MIME, entry)
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+def fmt_value(value: Any) -> str:
+    """A figure as people read it: 4 significant digits, thousands separated, never '0.00'."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if value == 0:
+        return "0"
+    if abs(value) >= 1e3:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
 
 
 def figures_in(notebook: dict) -> dict[str, dict[str, Any]]:

@@ -7,11 +7,15 @@ summary.md (for people); the exit code is non-zero when any notebook failed.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import re
+import shutil
 import time
 from pathlib import Path
 
-from labkit.figures import figures_in
+from labkit import claims as claims_mod
+from labkit.figures import figures_in, fmt_value
 
 COURSE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,24 +51,106 @@ def run_one(path: Path, out_dir: Path, parameters: dict, timeout_s: float | None
         evalue = getattr(exc, "evalue", str(exc))
         cell = getattr(exc, "exec_count", None)
         entry["error"] = f"{ename}: {evalue}" + (f" (cell [{cell}])" if cell is not None else "")
+        if cell is None and out_path.exists():  # a time-out or a dead kernel: name the cell that was running
+            where = _running_cell(nbformat.read(out_path, as_version=4))
+            if where:
+                entry["error"] += f" (in {where})"
     entry["duration_s"] = round(time.perf_counter() - started, 2)
-    entry["figures"] = figures_in(nbformat.read(out_path, as_version=4)) if out_path.exists() else {}
+    executed = nbformat.read(out_path, as_version=4) if out_path.exists() else {}
+    entry["figures"] = figures_in(executed) if executed else {}
+    entry["claims"] = claims_mod.claims_in(executed) if executed else {}
+    entry["claim_counts"] = claims_mod.tally(entry["claims"])
     return entry
 
 
-def write_summary(entries: list[dict], out_dir: Path, parameters: dict) -> None:
+def _running_cell(executed) -> str | None:
+    """Papermill marks the cell that was executing when a notebook stopped; say which one it was."""
+    code_cells = [c for c in executed.get("cells", []) if c.get("cell_type") == "code"]
+    for i, cell in enumerate(code_cells):
+        pm = cell.get("metadata", {}).get("papermill", {})
+        if pm.get("status") == "running" or pm.get("exception"):
+            first = next((ln for ln in "".join(cell.get("source", "")).splitlines() if ln.strip()), "")
+            return f"code cell {i + 1}: {first[:80]}"
+    return None
+
+
+def run_facts(parameters: dict) -> dict:
+    """When, where and with what a batch ran: the machine, versions, quick mode and ceilings."""
+    import labkit
+    from labkit import ceilings
+
+    facts: dict = {"finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    try:
+        cfg = labkit.setup(device=parameters.get("device"), quick=parameters.get("quick"))
+        facts["machine"] = labkit.machine_info()
+        facts["quick"] = cfg.quick
+        c = ceilings.cached()
+        facts["ceilings"] = None if c is None else {"copy_gbps": c.copy_gbps, "matmul_tflops": c.matmul_tflops,
+                                                   "h2d_gbps": c.h2d_gbps, "d2h_gbps": c.d2h_gbps}
+    except Exception as exc:  # the summary must still be written
+        facts["machine_error"] = f"{type(exc).__name__}: {exc}"
+    return facts
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def write_summary(entries: list[dict], out_dir: Path, parameters: dict, facts: dict | None = None) -> None:
     """summary.json for machines, summary.md for people."""
-    (out_dir / "summary.json").write_text(json.dumps({"parameters": parameters, "notebooks": entries}, indent=1))
-    lines = ["# Batch run", "", f"Parameters: `{json.dumps(parameters)}`", "",
-             "| notebook | status | seconds | error |", "|---|---|---|---|"]
+    facts = facts or {}
+    (out_dir / "summary.json").write_text(json.dumps({**facts, "parameters": parameters, "notebooks": entries},
+                                                     indent=1))
+    m = facts.get("machine", {})
+    lines = ["# Batch run", "", f"Parameters: `{json.dumps(parameters)}`"]
+    if m:
+        lines.append(f"Machine: {m.get('GPU', 'no GPU')} / {m.get('CPU', '?')}; torch {m.get('torch', '?')}, "
+                     f"triton {m.get('triton', '?')}; quick mode {facts.get('quick')}; finished {facts.get('finished')}")
+    lines += ["", "| notebook | status | seconds | claims held / differ / failed / skipped | error |",
+              "|---|---|---|---|---|"]
     for e in entries:
-        err = (e["error"] or "").replace("|", "\\|").replace("\n", " ")[:300]
-        lines.append(f"| {Path(e['notebook']).name} | {e['status']} | {e['duration_s']:.1f} | {err} |")
+        k = e.get("claim_counts") or claims_mod.tally({})
+        counts = f"{k['held']} / {k['differs']} / {k['failed']} / {k['skipped']}"
+        lines.append(f"| {Path(e['notebook']).name} | {e['status']} | {e['duration_s']:.1f} | {counts} "
+                     f"| {_cell(e['error'] or '')[:300]} |")
     for e in entries:
+        if e.get("claims"):
+            lines += ["", f"## {Path(e['notebook']).name}: claims", "", "| claim | verdict | measured | why |",
+                      "|---|---|---|---|"]
+            for c in e["claims"].values():
+                measured = ", ".join(f"{k} {fmt_value(f['value'])} {f['unit']}".rstrip()
+                                     for k, f in c.get("figures", {}).items())
+                lines.append(f"| {c['name']} | {c['status']} | {_cell(measured)} | {_cell(c.get('note', ''))[:300]} |")
         if e["figures"]:
-            lines += ["", f"## {Path(e['notebook']).name}", "", "| figure | value | unit |", "|---|---|---|"]
-            lines += [f"| {f['name']} | {f['value']} | {f['unit']} |" for f in e["figures"].values()]
+            lines += ["", f"## {Path(e['notebook']).name}: figures", "", "| figure | value | unit |", "|---|---|---|"]
+            lines += [f"| {f['name']} | {fmt_value(f['value'])} | {f['unit']} |" for f in e["figures"].values()]
     (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def save_reference(out_dir: Path, entries: list[dict], root: Path | None = None) -> Path:
+    """Copy a finished batch (summary and tagged plots) into reference/<machine>/ for students without one."""
+    import nbformat
+
+    from labkit import reference
+
+    summary = json.loads((out_dir / "summary.json").read_text())
+    gpu = summary.get("machine", {}).get("GPU", "none")
+    if gpu in ("none", None):
+        raise SystemExit("labkit run --reference: a reference run must be made on a GPU host (no GPU here)")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower()
+    dest = (root or reference.ROOT) / slug
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for e in entries:
+        e = dict(e)
+        out = Path(e["output"])
+        if out.exists():
+            reference.save_plots(nbformat.read(out, as_version=4), dest / out.stem)
+    for e in summary["notebooks"]:  # paths on the GPU host mean nothing to a student
+        e["notebook"], e["output"] = Path(e["notebook"]).name, Path(e["output"]).name
+    (dest / "summary.json").write_text(json.dumps(summary, indent=1))
+    return dest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a parameter for every notebook, e.g. -p quick true -p device cuda")
     ap.add_argument("-o", "--output", type=Path, default=Path("build"), help="build folder (default: build/)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds allowed per cell")
+    ap.add_argument("--reference", action="store_true",
+                    help="also save the summary and tagged plots into reference/<GPU>/ (a GPU host's full-size run)")
     args = ap.parse_args(argv)
 
     notebooks = args.notebooks or default_notebooks()
@@ -96,7 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         entries.append(entry)
         tqdm.write(f"{entry['status']:>6}  {path.name}  {entry['duration_s']:.1f} s"
                    + (f"  {entry['error'][:200]}" if entry["error"] else ""))
-    write_summary(entries, args.output, parameters)
+    write_summary(entries, args.output, parameters, run_facts(parameters))
     failed = sum(e["status"] != "ok" for e in entries)
-    print(f"{len(entries) - failed} ok, {failed} failed; summary in {args.output / 'summary.md'}")
+    k = claims_mod.tally({f"{i}:{n}": c for i, e in enumerate(entries) for n, c in e["claims"].items()})
+    print(f"{len(entries) - failed} ok, {failed} failed; claims: {k['held']} held, {k['differs']} differ (explained), "
+          f"{k['failed']} failed, {k['skipped']} skipped; summary in {args.output / 'summary.md'}")
+    if args.reference:
+        print(f"reference run saved in {save_reference(args.output, entries)}")
     return 1 if failed else 0

@@ -44,3 +44,35 @@ def test_index_links_every_notebook_in_order():
     text = "".join("".join(c["source"]) for c in index["cells"])
     links = re.findall(r"\]\(([0-9][^)]*\.ipynb)\)", text)
     assert links == [p.name for p in NOTEBOOKS]
+
+
+COURSE_NOTEBOOKS = NOTEBOOKS + [ROOT / "notebooks" / "index.ipynb"]
+# a number followed by a unit the course measures; hardware constants that are not measured carry
+# an invisible `<!-- constant: SOURCE -->` on their line
+MEASURED = re.compile(r"\d[\d,.]*\s*(?:x\s*(?:faster|slower|less|more)|[GT]B/s|[GT]FLOP/s|ms\b|µs|us\b|ns\b|%)")
+
+
+def _markdown(path: Path) -> list[str]:
+    return ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "markdown"]
+
+
+@pytest.mark.parametrize("path", ALL + [ROOT / "notebooks" / "index.ipynb"], ids=lambda p: p.name)
+def test_nothing_cites_files_students_do_not_have(path):
+    text = path.read_text()
+    assert "COURSE.md" not in text and "../shared" not in text, f"{path.name} cites a file outside the repository"
+
+
+@pytest.mark.parametrize("path", COURSE_NOTEBOOKS, ids=lambda p: p.name)
+def test_prose_types_in_no_measured_figure(path):
+    typed = [line.strip() for md in _markdown(path) for line in md.splitlines()
+             if MEASURED.search(line) and "<!-- constant" not in line]
+    assert not typed, (f"{path.name}: prose states measured-looking figures; let a claim print them, or mark a "
+                       f"hardware constant with <!-- constant: source -->: {typed[:3]}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_notebook_checks_claims_and_starts_predictions_blank(path):
+    code = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+    assert "labkit.claim(" in code, f"{path.name} records no claim: verdicts come from labkit.claim"
+    prefilled = re.findall(r"^\s*(?:my_)?guess\w*\s*=\s*(?!None\b)(.+)$", code, re.M)
+    assert not prefilled, f"{path.name}: prediction cells start as None, not {prefilled[:3]}"

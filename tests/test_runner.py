@@ -72,3 +72,30 @@ def test_missing_notebook_is_a_clear_error(tmp_path):
 def test_default_is_every_numbered_notebook_in_order():
     names = [p.name for p in runner.default_notebooks()]
     assert names == sorted(names) and "index.ipynb" not in names and names[0].startswith("00_")
+
+
+def test_summary_holds_claims_machine_and_date_and_names_the_cell_that_stopped(tmp_path):
+    nb = _notebook(tmp_path / "claims.ipynb", "quick = None",
+                   "import labkit\nlabkit.setup(quick=True)\n"
+                   "labkit.claim('fast', 'it is fast', True, figures={'rate': (3.14159, 'GB/s')})\n"
+                   "labkit.claim('odd', 'it is even', False, otherwise='this machine is odd')\n"
+                   "labkit.skip_claim('gpu', 'a GPU wins', needs='a CUDA GPU')",
+                   "import time\ntime.sleep(30)")
+    out = tmp_path / "build"
+    result = _run(str(nb), "-o", str(out), "--timeout", "5")
+    assert result.returncode == 1
+    summary = json.loads((out / "summary.json").read_text())
+    entry = summary["notebooks"][0]
+    assert entry["claim_counts"] == {"held": 1, "differs": 1, "failed": 0, "skipped": 1}
+    assert entry["claims"]["odd"]["note"] == "this machine is odd"
+    assert "time.sleep(30)" in entry["error"], entry["error"]  # which cell timed out
+    assert summary["machine"]["torch"] and summary["finished"] and summary["quick"] is True
+    md = (out / "summary.md").read_text()
+    assert "| fast | held | rate 3.142 GB/s |" in md and "| 1 / 1 / 0 / 1 |" in md
+    assert "claims: 1 held, 1 differ (explained), 0 failed, 1 skipped" in result.stdout
+
+
+def test_a_reference_run_needs_a_gpu(tmp_path):
+    nb = _notebook(tmp_path / "tiny.ipynb", "quick = None", "x = 1")
+    result = _run(str(nb), "-o", str(tmp_path / "b"), "--reference")
+    assert result.returncode != 0 and "must be made on a GPU host" in result.stdout + result.stderr

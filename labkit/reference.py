@@ -1,0 +1,107 @@
+"""Reference runs: another machine's measured figures, claims and plots, committed as data.
+
+A reference run is `labkit run -p quick false` on a GPU host, saved with `labkit run --reference`
+into `reference/<machine>/` (summary.json plus each notebook's tagged plots as PNG). Notebooks
+call `show(...)` so a student without a GPU sees a real GPU's results, labelled as such.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from labkit.figures import fmt_value
+
+ROOT = Path(__file__).resolve().parent.parent / "reference"
+
+
+def runs(root: Path = ROOT) -> list[Path]:
+    """The committed reference runs (folders holding a summary.json), newest machine name first."""
+    return sorted((p.parent for p in root.glob("*/summary.json")), reverse=True)
+
+
+def load(run: Path) -> dict[str, Any]:
+    """A reference run's summary as data."""
+    return json.loads((run / "summary.json").read_text())
+
+
+def notebook_entry(summary: dict[str, Any], notebook: str) -> dict[str, Any] | None:
+    """The summary entry of one notebook, by file name or stem (e.g. '04_bottlenecks')."""
+    stem = Path(notebook).stem
+    for entry in summary.get("notebooks", []):
+        if Path(entry["notebook"]).stem == stem:
+            return entry
+    return None
+
+
+def machine_label(summary: dict[str, Any]) -> str:
+    m = summary.get("machine", {})
+    gpu = m.get("GPU", "unknown machine")
+    parts = [gpu] + [f"{k} {m[k]}" for k in ("torch", "triton") if k in m]
+    when = summary.get("finished", "")[:10]
+    return ", ".join(parts) + (f", run {when}" if when else "")
+
+
+def show(notebook: str, figures: Iterable[str] | None = None, plots: Iterable[str] = (),
+         root: Path = ROOT) -> bool:
+    """Print a reference run's figures and claims for this notebook and display its plots.
+
+    `figures` picks figure names (all when None); `plots` names plot cells by their `plot:NAME` tag.
+    Returns False (after one line saying so) when no reference run holds this notebook.
+    """
+    shown = False
+    for run in runs(root):
+        summary = load(run)
+        entry = notebook_entry(summary, notebook)
+        if entry is None:
+            continue
+        shown = True
+        label = machine_label(summary)
+        print(f"Reference run on another machine ({label}); these are its measurements, not yours:")
+        wanted = list(figures) if figures is not None else list(entry.get("figures", {}))
+        for name in wanted:
+            f = entry.get("figures", {}).get(name)
+            if f is not None:
+                print(f"  {name} = {fmt_value(f['value'])} {f.get('unit', '')}".rstrip())
+        for name, c in entry.get("claims", {}).items():
+            if figures is None or name in wanted:
+                print(f"  claim {name}: {c['status']}")
+        for plot in plots:
+            png = run / Path(notebook).stem / f"{plot}.png"
+            if png.is_file():
+                _display_png(png, f"{plot} on {label}")
+            else:
+                print(f"  (no plot '{plot}' in that run)")
+    if not shown:
+        print(f"No reference run in {root} holds {Path(notebook).stem}; run it on a GPU host "
+              f"(labkit run -p quick false --reference) to make one.")
+    return shown
+
+
+def _display_png(path: Path, caption: str) -> None:
+    try:
+        from IPython import get_ipython
+        from IPython.display import Image, display
+        if get_ipython() is not None:
+            print(f"  [{caption}]")
+            display(Image(filename=str(path)))
+            return
+    except ImportError:
+        pass
+    print(f"  plot: {path} ({caption})")
+
+
+def save_plots(executed: dict[str, Any], folder: Path) -> list[Path]:
+    """Write each `plot:NAME`-tagged cell's last PNG output of an executed notebook to folder/NAME.png."""
+    import base64
+
+    written = []
+    for cell in executed.get("cells", []):
+        tags = [t for t in cell.get("metadata", {}).get("tags", []) if t.startswith("plot:")]
+        pngs = [o["data"]["image/png"] for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+        if tags and pngs:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{tags[0][5:]}.png"
+            path.write_bytes(base64.b64decode(pngs[-1]))
+            written.append(path)
+    return written

@@ -1,0 +1,43 @@
+import base64
+import json
+
+from labkit import reference
+
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")
+
+
+def make_run(root, notebook="04_bottlenecks"):
+    run = root / "nvidia-h200"
+    (run / notebook).mkdir(parents=True)
+    (run / notebook / "matmul_rate.png").write_bytes(PNG)
+    summary = {"machine": {"GPU": "NVIDIA H200", "torch": "2.11.0"}, "finished": "2026-11-22T12:00:00+00:00",
+               "notebooks": [{"notebook": f"{notebook}.ipynb", "figures": {
+                   "add_gbps": {"name": "add_gbps", "value": 4242.0, "unit": "GB/s"}},
+                   "claims": {"memory_bound": {"name": "memory_bound", "status": "held"}}}]}
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_show_prints_another_machines_figures_labelled_as_such(tmp_path, capsys):
+    make_run(tmp_path)
+    assert reference.show("04_bottlenecks", plots=["matmul_rate", "missing"], root=tmp_path)
+    out = capsys.readouterr().out
+    assert "Reference run on another machine (NVIDIA H200, torch 2.11.0, run 2026-11-22)" in out
+    assert "add_gbps = 4,242 GB/s" in out and "claim memory_bound: held" in out
+    assert "matmul_rate.png" in out and "no plot 'missing'" in out
+
+
+def test_show_says_so_when_no_reference_run_has_the_notebook(tmp_path, capsys):
+    make_run(tmp_path)
+    assert not reference.show("09_attention", root=tmp_path)
+    assert "No reference run" in capsys.readouterr().out
+
+
+def test_tagged_plots_are_saved_from_an_executed_notebook(tmp_path):
+    png64 = base64.b64encode(PNG).decode()
+    nb = {"cells": [{"cell_type": "code", "metadata": {"tags": ["plot:roofline"]},
+                     "outputs": [{"output_type": "display_data", "data": {"image/png": png64}}]},
+                    {"cell_type": "code", "metadata": {}, "outputs": [{"output_type": "display_data",
+                                                                       "data": {"image/png": png64}}]}]}
+    written = reference.save_plots(nb, tmp_path / "nb")
+    assert [p.name for p in written] == ["roofline.png"] and written[0].read_bytes() == PNG
