@@ -106,17 +106,17 @@ def _fwd_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, l
         else:
             kt = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
-        s = _dot(q, kt, None) * qk_scale  # scores in log2 units: exp(x·scale) = exp2(x·scale·log2 e)
+        s = _dot(q, kt, None)  # raw scores q·k; the softmax works in log2 units: exp(x·scale) = exp2(x·qk_scale)
         if MASKED:
             keep = offs_n[None, :] < N_K
             if CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             s = tl.where(keep, s, float("-inf"))
         # Online softmax: the new running max; rescale the old sum and output by exp2(m_old - m_new).
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         if MASKED:
             m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen only masked keys
-        p = tl.exp2(s - m_new[:, None])
+        p = tl.exp2(s * qk_scale - m_new[:, None])  # one fused multiply-add per score
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -133,7 +133,10 @@ def attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q, o: (B, H, N, D); 
                     stride_ob, stride_oh, stride_on,
                     H, N, N_K, qk_scale,  # heads, query and key lengths, scale · log2 e
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M
+    if CAUSAL:  # the longest rows (most key tiles) first, so the short ones fill the tail
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    else:
+        start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -388,6 +391,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     if B * H > 65535:
         raise ValueError(f"attention: batch x heads = {B * H} exceeds the grid's 65535; split the batch.")
     scale = D ** -0.5 if scale is None else float(scale)
+    if not scale > 0:
+        raise ValueError(f"attention: scale must be positive; got {scale}.")
     return Attention.apply(_last_dim_unit(q), _last_dim_unit(k), _last_dim_unit(v), bool(causal), scale)
 
 
