@@ -116,3 +116,14 @@ def test_attention_bench_case_runs():
     assert case["baselines"]["naive"] is not None and case["baselines"]["math"] is not None
     bwd = mod.bench_case("1x1x24x16", torch.float16, backward=True, use_compile=False)
     assert len(bwd["fn"]()) == 3 and bwd["flops"] == mod.flops(1, 1, 24, 16, backward=True)
+
+
+def test_labkit_bench_attention_expands_to_four_cases():
+    from labkit import benchmark
+
+    assert benchmark.ALIASES["attention"] == ["attention_fwd", "attention_causal_fwd", "attention_bwd",
+                                              "attention_causal_bwd"]
+    case = benchmark.make_case("attention_causal_bwd", "1x1x24x16", "fp16", use_compile=False)
+    assert case.shape == "1x1x24x16 causal" and case.work == mod.flops(1, 1, 24, 16, causal=True, backward=True)
+    assert set(case.baselines) == set(benchmark.KERNELS["attention_causal_bwd"][0])
+    case.triton()
