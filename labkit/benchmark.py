@@ -373,7 +373,8 @@ def timing_check() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="labkit bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("kernels", nargs="*", metavar="KERNEL", help=f"kernels to time (default: all): {', '.join(KERNELS)}; attention = its four cases")
+    ap.add_argument("kernels", nargs="*", metavar="KERNEL",
+                    help=f"kernels to time (default: all): {', '.join(KERNELS)}; attention = its four cases")
     ap.add_argument("--sizes", nargs="+", help="sizes for every chosen kernel: N, MxN (rows x cols; tensors x "
                     "elements for adam) or MxNxK (matmul); default: per kernel, tiny without a GPU")
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="dtypes (default: per kernel; fp32 on the CPU)")

@@ -1,4 +1,4 @@
-"""labkit.kernels.attention (FlashAttention forward and backward) against a float64 reference (interpreter on the CPU)."""
+"""labkit.kernels.attention (FlashAttention, forward and backward) against float64 (interpreter on the CPU)."""
 import sys
 
 import pytest

@@ -2,18 +2,17 @@
 
 With q, o of shape (B, H, N, d) and k, v of shape (B, H, Nk, d) (here N = Nk):
 forward FLOPs: two matmuls per head, q kᵀ and p v: 4·N²·d per head (half of that with a causal
-mask, which skips the tiles above the diagonal). The backward does five (q kᵀ again, p v's two
+mask, which skips the tiles right of the diagonal). The backward does five (q kᵀ again, p v's two
 gradients, ds k and dsᵀ q): 2.5 times the forward.
 forward bytes, fused: read q, k, v and write o once, plus the fp32 log-sum-exp of each row kept
 for the backward: 4·B·H·N·d·element_size + 4·B·H·N. Naive attention also writes and reads the
 N x N score and probability matrices: about 4·B·H·N²·element_size more, which dominates from a
 few hundred tokens on. The fused kernel never stores them: each program keeps a tile of queries,
 walks over the key/value tiles, and keeps a running max and sum of the softmax (online softmax).
-Compute-bound at long N: its intensity is about N FLOP/byte (for d = 128, 16-bit).
+Compute-bound at long N: its intensity is about N/2 FLOP/byte in 16-bit (naive: about d/2).
 """
 from __future__ import annotations
 
-import math
 import warnings
 
 import torch
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import INTERPRETED, check_same_device, check_same_dtype, check_tensor, dtype_names
+from labkit.kernels._common import INTERPRETED, check_same_device, check_same_dtype, check_tensor
 
 DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (16, 32, 64, 128)
@@ -320,7 +319,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
 
 
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                       lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       lse: torch.Tensor, causal: bool,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward kernels alone: (dq, dk, dv), contiguous, in q's dtype."""
     B, H, N, D = q.shape
     N_K = k.shape[2]
