@@ -68,6 +68,14 @@ KERNELS: dict[str, tuple[tuple[str, str], str, list[str], list[str], list[str]]]
     "adam": (("foreach", "fused"), "GB/s", ["200x1048576", "8x16777216"], ["2x500"], ["fp32", "bf16"]),
     "matmul": (("torch", "compile"), "TFLOP/s", ["4096", "8192"], ["64"], ["bf16", "fp16", "tf32"]),
 }
+# Attention (sizes BxHxNxD): forward and backward, causal or not, against each SDPA backend, naive eager
+# attention and torch.compile of it. `labkit bench attention` runs all four.
+_ATTN = (("flash", "efficient", "cudnn", "math", "naive", "compile"), "TFLOP/s",
+         ["4x16x1024x128", "4x16x4096x128", "1x16x16384x128"], ["1x2x37x64"], ["bf16"])
+KERNELS.update({name: _ATTN for name in ("attention_fwd", "attention_causal_fwd", "attention_bwd",
+                                         "attention_causal_bwd")})
+ALIASES = {"attention": ["attention_fwd", "attention_causal_fwd", "attention_bwd", "attention_causal_bwd"]}
+CPU_DTYPES = {name: ["bf16"] for name in ALIASES["attention"]}  # the kernel takes fp16/bf16 only
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -177,6 +185,10 @@ def make_case(kernel: str, size: str, dtype_name: str, use_compile: bool) -> Cas
         a, b = randn(M, K), randn(K, N)
         return Case(f"{M}x{N}x{K}", dtype_name, lambda: kernels.matmul(a, b),
                     {"torch": lambda: torch.matmul(a, b), "compile": None}, mod.flops(M, N, K))
+    if kernel.startswith("attention"):
+        c = sys.modules["labkit.kernels.attention"].bench_case(
+            size, dtype, causal="causal" in kernel, backward=kernel.endswith("_bwd"), use_compile=use_compile)
+        return Case(c["shape"], dtype_name, c["fn"], c["baselines"], c["flops"])
     raise SystemExit(f"labkit bench: unknown kernel {kernel!r}; choose from {', '.join(KERNELS)}")
 
 
@@ -199,7 +211,7 @@ def _time(fn, quick_cpu: bool) -> Timing:
 
 
 def _ceiling(ceil, kernel: str, dtype_name: str) -> float | None:
-    if kernel == "matmul":
+    if KERNELS[kernel][1] == "TFLOP/s":
         return ceil.matmul_tflops.get(dtype_name)
     return ceil.copy_gbps
 
@@ -361,7 +373,8 @@ def timing_check() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="labkit bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("kernels", nargs="*", metavar="KERNEL", help=f"kernels to time (default: all): {', '.join(KERNELS)}")
+    ap.add_argument("kernels", nargs="*", metavar="KERNEL",
+                    help=f"kernels to time (default: all): {', '.join(KERNELS)}; attention = its four cases")
     ap.add_argument("--sizes", nargs="+", help="sizes for every chosen kernel: N, MxN (rows x cols; tensors x "
                     "elements for adam) or MxNxK (matmul); default: per kernel, tiny without a GPU")
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="dtypes (default: per kernel; fp32 on the CPU)")
@@ -370,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timing-check", action="store_true",
                     help="compare labkit.bench with triton.testing.do_bench on a few kernels, then stop")
     args = ap.parse_args(argv)
+    args.kernels = [k for name in args.kernels for k in ALIASES.get(name, [name])]
     unknown = [k for k in args.kernels if k not in KERNELS]
     if unknown:
         ap.error(f"unknown kernel(s) {', '.join(unknown)}; choose from {', '.join(KERNELS)}")
@@ -386,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     for kernel in args.kernels or list(KERNELS):
         _, _, gpu_sizes, cpu_sizes, gpu_dtypes = KERNELS[kernel]
         sizes = args.sizes or (gpu_sizes if cfg.is_gpu else cpu_sizes)
-        dtypes = args.dtypes or (gpu_dtypes if cfg.is_gpu else ["fp32"])
+        dtypes = args.dtypes or (gpu_dtypes if cfg.is_gpu else CPU_DTYPES.get(kernel, ["fp32"]))
         rows = run_kernel(kernel, sizes, dtypes, use_compile, ceil)
         print(table(kernel, rows), "\n", flush=True)
         all_rows += rows
