@@ -23,11 +23,14 @@ def nvidia_smi() -> str | None:
 
 
 def gpu_id(device: torch.device | int | None = None) -> str:
-    """How nvidia-smi names the GPU torch calls `device`: its UUID when torch knows it, else its index."""
+    """How nvidia-smi names the GPU torch calls `device`: 'GPU-<uuid>' when nvidia-smi knows that UUID
+    (indices differ under CUDA_VISIBLE_DEVICES), else torch's index."""
     index = device if isinstance(device, int) else (device.index if device is not None and device.index is not None
                                                      else torch.cuda.current_device())
     uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    return f"GPU-{uuid}" if uuid else str(index)
+    if uuid and query(f"GPU-{uuid}", ("index",)) is not None:
+        return f"GPU-{uuid}"
+    return str(index)
 
 
 def _run(args: list[str], timeout: float = 20.0) -> str | None:
