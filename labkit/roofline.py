@@ -220,7 +220,7 @@ def plot(ceil: Ceilings, points: Sequence[Point] = (), dtypes: Sequence[str] | N
                 ls="-" if is_measured else "--")
         labels.block_line([ridge, x1], [peak, peak])
         margin.append((" / ".join(names) + "\n" + " / ".join(f"{every[n]:,.3g}" for n in names)
-                       + f" TFLOP/s{'' if is_measured else ' (counted)'}", peak, f"C{i}"))
+                       + f" TFLOP/s{'' if is_measured else ' (model)'}", peak, f"C{i}"))
     labels.in_margin(margin)
     if points:
         ax.scatter([p.intensity for p in points], [p.tflops for p in points], s=25, zorder=3, color="crimson",
