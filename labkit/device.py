@@ -132,6 +132,7 @@ def setup(device: str | torch.device | None = None, quick: bool | None = None) -
             )
         os.environ["TRITON_INTERPRET"] = "1"
         _fix_old_triton_interpreter()
+        _fix_interpreter_bf16_rounding()
     if dev.type == "cuda" and dev.index is not None:  # set_device needs an index; plain "cuda" keeps the current GPU
         torch.cuda.set_device(dev)
     _current = Setup(device=dev, quick=bool(quick), triton_interpreter=interpreter)
@@ -158,6 +159,45 @@ def _fix_old_triton_interpreter() -> None:
 
     patched.labkit_fixed = True
     interpreter._patch_lang_tensor = patched
+
+
+def _fix_interpreter_bf16_rounding() -> None:
+    """Triton's interpreter casts fp32 to bf16 by dropping bits (round toward zero), so about a quarter
+    of bf16 results were one unit in the last place below what a GPU (round to nearest even) gives.
+    Cast with PyTorch's round-to-nearest-even instead, so interpreted kernels round as GPU kernels do."""
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+        import triton.language as tl
+    except Exception:  # no triton: nothing to mend
+        return
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    if builder is None or getattr(builder.cast_impl, "labkit_fixed", False):
+        return
+    cast_impl, fp_to_fp = builder.cast_impl, builder.create_fp_to_fp
+
+    def to_bf16(data) -> "np.ndarray":
+        arr = np.asarray(data, dtype=np.float32)
+        arr = arr if arr.flags.c_contiguous else arr.copy()
+        return torch.from_numpy(arr).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).reshape(arr.shape)
+
+    def fp32_to_bf16(src, dst_type) -> bool:
+        return src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16
+
+    def patched_cast(self, src, dst_type):
+        if fp32_to_bf16(src, dst_type):
+            return interpreter.TensorHandle(to_bf16(src.data), dst_type.scalar)
+        return cast_impl(self, src, dst_type)
+
+    def patched_fp_to_fp(self, src, dst_type, rounding_mode):
+        if fp32_to_bf16(src, dst_type) and rounding_mode in (None, interpreter._ir.ROUNDING_MODE.RTNE):
+            return interpreter.TensorHandle(to_bf16(src.data), dst_type.scalar)
+        return fp_to_fp(self, src, dst_type, rounding_mode)
+
+    patched_cast.labkit_fixed = True
+    builder.cast_impl = patched_cast
+    builder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
+    builder.create_fp_to_fp = patched_fp_to_fp
 
 
 def current() -> Setup:
