@@ -57,18 +57,19 @@ class Ceilings:
     def copy_fraction(self, achieved_gbps: float) -> float:
         """achieved / copy ceiling; a fraction far above 1 measures the ceilings again first (once)."""
         if achieved_gbps > FAR_ABOVE * self.copy_gbps:
-            self._measure_again(f"{fmt_value(achieved_gbps)} GB/s against a copy ceiling of "
+            self.measure_again(f"{fmt_value(achieved_gbps)} GB/s against a copy ceiling of "
                                 f"{fmt_value(self.copy_gbps)} GB/s")
         return achieved_gbps / self.copy_gbps
 
     def matmul_fraction(self, achieved_tflops: float, dtype: str = "fp32") -> float:
         """achieved / matmul ceiling of `dtype`; far above 1 measures the ceilings again first (once)."""
         if achieved_tflops > FAR_ABOVE * self.matmul_tflops[dtype]:
-            self._measure_again(f"{fmt_value(achieved_tflops)} TFLOP/s against a {dtype} matmul ceiling of "
+            self.measure_again(f"{fmt_value(achieved_tflops)} TFLOP/s against a {dtype} matmul ceiling of "
                                 f"{fmt_value(self.matmul_tflops[dtype])} TFLOP/s")
         return achieved_tflops / self.matmul_tflops[dtype]
 
-    def _measure_again(self, what: str) -> None:
+    def measure_again(self, what: str) -> None:
+        """Measure the ceilings again, once per process, and take the new values (`what` says why)."""
         if getattr(self, "_remeasured", False):
             return
         object.__setattr__(self, "_remeasured", True)

@@ -9,7 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from labkit.ceilings import Ceilings
+from labkit.ceilings import FAR_ABOVE, Ceilings
+from labkit.figures import fmt_value
 from labkit.timing import gbps, tflops
 
 XLABEL = "arithmetic intensity (FLOP/byte)"
@@ -90,13 +91,17 @@ def plot(ceil: Ceilings, points: Sequence[Point] = (), dtypes: Sequence[str] | N
         raise ValueError(f"{ceil.machine} has no measured matmul rate: nothing to draw the roof from")
     for d in dtypes:
         _peak(ceil, d)
+    best = max(dtypes, key=lambda d: _peak(ceil, d))
+    above = [p for p in points if p.tflops > FAR_ABOVE * attainable(p.intensity, ceil, best)]
+    if above:  # a point far above the roof: the ceilings were measured low (a busy machine)
+        ceil.measure_again(f"{above[0].label} at {fmt_value(above[0].tflops)} TFLOP/s, far above this roofline")
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4.5))
     x0, x1 = xlim or _x_range(ceil, dtypes, points)
     top = max(_peak(ceil, d) for d in dtypes)
     ridge_top = top * 1e3 / ceil.copy_gbps
     ax.plot([x0, ridge_top], [ceil.copy_gbps * x0 / 1e3, top], color="black", lw=2,
-            label=f"copy bandwidth {ceil.copy_gbps:,.0f} GB/s")
+            label=f"copy bandwidth {fmt_value(ceil.copy_gbps)} GB/s")
     for i, d in enumerate(sorted(dtypes, key=lambda d: -_peak(ceil, d))):
         peak = _peak(ceil, d)
         ax.plot([peak * 1e3 / ceil.copy_gbps, x1], [peak, peak], lw=2, color=f"C{i}",
@@ -109,7 +114,7 @@ def plot(ceil: Ceilings, points: Sequence[Point] = (), dtypes: Sequence[str] | N
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(x0, x1)
-    ax.set_ylim(min(ys) / 3, top * 3)
+    ax.set_ylim(min(ys) / 3, max([top] + ys) * 3)  # every point stays on the plot
     ax.set_xlabel(XLABEL)
     ax.set_ylabel(YLABEL)
     ax.set_title(title or f"Roofline of {ceil.machine} (measured ceilings)")
