@@ -9,7 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from labkit.ceilings import Ceilings
+from labkit.ceilings import FAR_ABOVE, Ceilings
+from labkit.figures import fmt_value
 from labkit.timing import gbps, tflops
 
 XLABEL = "arithmetic intensity (FLOP/byte)"
@@ -190,6 +191,10 @@ def plot(ceil: Ceilings, points: Sequence[Point] = (), dtypes: Sequence[str] | N
         raise ValueError(f"{ceil.machine} has no measured matmul rate: nothing to draw the roof from")
     for d in dtypes:
         _peak(ceil, d)
+    best = max(dtypes, key=lambda d: _peak(ceil, d))
+    above = [p for p in points if p.tflops > FAR_ABOVE * attainable(p.intensity, ceil, best)]
+    if above:  # a point far above the roof: the ceilings were measured low (a busy machine)
+        ceil.measure_again(f"{above[0].label} at {fmt_value(above[0].tflops)} TFLOP/s, far above this roofline")
     extra = dict(extra_roofs or {})
     for name, peak in extra.items():
         if not peak > 0:
@@ -203,7 +208,7 @@ def plot(ceil: Ceilings, points: Sequence[Point] = (), dtypes: Sequence[str] | N
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(x0, x1)
-    ax.set_ylim(min(ys) / 3, top * 3)
+    ax.set_ylim(min(ys) / 3, max([top] + ys) * 3)  # every point stays on the plot
     ax.plot([x0, top * 1e3 / ceil.copy_gbps], [ceil.copy_gbps * x0 / 1e3, top], color="black", lw=2,
             label=f"copy bandwidth {ceil.copy_gbps:,.0f} GB/s (measured)")
     roofs = [(peak, names, all(n in measured for n in names))

@@ -146,3 +146,22 @@ def test_labels_of_crowded_points_and_close_roofs_do_not_overlap():
     assert _overlaps(ax) == []
     fig = roofline.static_explorer(ceil, [0.1, 172.0, 1000.0], points=pts, dtype="bf16", show=False)
     assert _overlaps(fig.axes[0]) == []
+
+
+def test_a_point_far_above_the_roof_measures_again_and_stays_on_the_plot(monkeypatch, capsys):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit import ceilings
+
+    stale = ceilings.Ceilings(machine="busy", copy_gbps=4.0, matmul_tflops={"fp32": 0.001})
+    fresh = ceilings.Ceilings(machine="busy", copy_gbps=40.0, matmul_tflops={"fp32": 0.2})
+    calls = []
+    monkeypatch.setattr(ceilings, "get", lambda refresh=False: calls.append(refresh) or fresh)
+    fast = roofline.Point("matmul", flops=2e9, nbytes=1e7, ms=20.0)  # 0.1 TFLOP/s: 100x the stale roof
+    ax = roofline.plot(stale, [fast])
+    assert calls == [True] and stale.matmul_tflops["fp32"] == 0.2  # the ceilings were measured again
+    assert ax.get_ylim()[1] > fast.tflops  # and the point is inside the plot
+    assert "measured again" in capsys.readouterr().out
+    plt.close(ax.figure)

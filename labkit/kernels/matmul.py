@@ -123,7 +123,30 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Accumulates in fp32. fp32 inputs use TF32 tensor cores when
     torch.backends.cuda.matmul.allow_tf32 is True (as torch.matmul does), else full fp32.
     Any strides work (a transposed view needs no copy).
+    Differentiable: when a or b requires grad, the backward runs this kernel again
+    (da = dc @ b^T, db = a^T @ dc).
     """
+    if torch.is_grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)):
+        return _Matmul.apply(a, b)
+    return _matmul(a, b)
+
+
+class _Matmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return _matmul(a, b)
+
+    @staticmethod
+    def backward(ctx, dc):
+        a, b = ctx.saved_tensors
+        dc = dc.to(a.dtype)
+        da = _matmul(dc, b.t()) if ctx.needs_input_grad[0] else None
+        db = _matmul(a.t(), dc) if ctx.needs_input_grad[1] else None
+        return da, db
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     check_tensor("matmul", "a", a, FLOAT_DTYPES)
     check_tensor("matmul", "b", b, FLOAT_DTYPES)
     check_same_device("matmul", a=a, b=b)

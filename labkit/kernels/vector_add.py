@@ -48,7 +48,24 @@ def vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x + y for two tensors of the same shape and dtype (fp32, fp16 or bf16).
 
     Non-contiguous inputs are first made contiguous (a copy), so the kernel sees flat arrays.
+    Differentiable: when x or y requires grad, the result carries a backward (dx = dy = dz).
     """
+    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(y, "requires_grad", False)):
+        return _VectorAdd.apply(x, y)
+    return _vector_add(x, y)
+
+
+class _VectorAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        return _vector_add(x, y)
+
+    @staticmethod
+    def backward(ctx, dz):
+        return dz, dz
+
+
+def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     check_tensor("vector_add", "x", x, FLOAT_DTYPES)
     check_tensor("vector_add", "y", y, FLOAT_DTYPES)
     check_same_device("vector_add", x=x, y=y)
