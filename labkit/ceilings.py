@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from labkit.device import current, machine_info
+from labkit.device import cache_dir, current, machine_info
 from labkit.precision import PRECISIONS, matmul_rate
 from labkit.timing import bench, gbps
 from labkit.transfer import measure_sweep
@@ -55,10 +54,6 @@ def _machine_key() -> tuple[str, str]:
     name = info["GPU"] if current().is_gpu else f"CPU {info['CPU']} x{info['CPU cores']}"
     facts = [name, info["torch"], info.get("driver", ""), str(current().quick)]
     return name, hashlib.sha1("|".join(facts).encode()).hexdigest()[:12]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LABKIT_CACHE", Path.home() / ".cache" / "labkit"))
 
 
 def measure_copy_gbps(nbytes: int) -> float:

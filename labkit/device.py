@@ -13,11 +13,13 @@ import subprocess
 import sys
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 ENV_DEVICE = "LABKIT_DEVICE"  # "cuda", "cuda:1", "cpu"
 ENV_QUICK = "LABKIT_QUICK"  # "1" shrinks problem sizes, "0" forces full size
+ENV_CACHE = "LABKIT_CACHE"  # where measured ceilings and built extensions are kept
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,11 @@ def _fix_old_triton_interpreter() -> None:
 
     patched.labkit_fixed = True
     interpreter._patch_lang_tensor = patched
+
+
+def cache_dir() -> Path:
+    """labkit's cache folder for this machine's measurements and builds: $LABKIT_CACHE, else ~/.cache/labkit."""
+    return Path(os.environ.get(ENV_CACHE, Path.home() / ".cache" / "labkit"))
 
 
 def current() -> Setup:
