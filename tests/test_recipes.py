@@ -124,7 +124,7 @@ def test_add_a_notebook_that_passes_the_notebook_rules_and_runs(tmp_path):
     # the course's own notebooks are left out: the rules are checked on the new one alone
     course = course_copy(tmp_path, "tests/test_notebooks.py")
     (course / "notebooks").mkdir()
-    index = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# The course\n\n| # | notebook |\n|---|---|")])
+    index = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# The course\n\n| # | notebook |\n|-|-|")])
     # 1-2. written in jupytext percent format, converted
     run(course, "-m", "jupytext", "--to", "ipynb", "--set-kernel", "python3", "--output",
         "notebooks/99_toy.ipynb", str(TOYS / "99_toy.py"))

@@ -30,7 +30,8 @@ def expect_mask(t: int, device: str) -> Any:
     """The expected observation of causal_mask for a (.., t, ..) input on `device`."""
     mask = torch.ones(t, t, dtype=torch.bool).tril()
     if device == "meta":
-        return {"result on meta": expect_tensor(mask, "meta"), "values (same input on the cpu)": expect_tensor(mask, "cpu")}
+        return {"result on meta": expect_tensor(mask, "meta"),
+                "values (same input on the cpu)": expect_tensor(mask, "cpu")}
     return expect_tensor(mask, device)
 
 

@@ -56,7 +56,8 @@ def _plan(ctx: Context, report: StudentReport, paths: list[Path]) -> list[dict]:
             cells, cell_notes = extract_code(matched[nb])
         except Exception as exc:
             for s in specs:
-                report.outcomes[s.name] = Outcome(s.points, 0.0, "failed", [f"could not read {matched[nb].name}: {exc}"])
+                report.outcomes[s.name] = Outcome(s.points, 0.0, "failed",
+                                                  [f"could not read {matched[nb].name}: {exc}"])
             continue
         report.notes += [f"{nb}: {n}" for n in cell_notes]
         fns = []
