@@ -50,6 +50,13 @@ def bench_cases() -> dict[str, BenchCase]:
     return {case.name: case for module in BENCHMARKED for case in module.bench_cases()}
 
 
+def kernel_groups() -> dict[str, list[str]]:
+    """Kernel module name -> its cases' names: `labkit bench attention` runs every case attention offers."""
+    from labkit.kernels import BENCHMARKED
+
+    return {module.__name__.rsplit(".", 1)[-1]: [c.name for c in module.bench_cases()] for module in BENCHMARKED}
+
+
 def parse_shape(text: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(d) for d in text.lower().split("x"))
@@ -222,8 +229,8 @@ def timing_check() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="labkit bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("kernels", nargs="*", metavar="KERNEL", help="kernels to time (default: all; a wrong name "
-                    "lists them)")
+    ap.add_argument("kernels", nargs="*", metavar="KERNEL", help="kernels to time (default: all; a kernel module's "
+                    "name, e.g. attention, runs all its cases; a wrong name lists them)")
     ap.add_argument("--sizes", nargs="+", help="sizes for every chosen kernel: N, MxN (rows x cols; tensors x "
                     "elements for adam) or MxNxK (matmul); default: per kernel, tiny without a GPU")
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="dtypes (default: per kernel; fp32 on the CPU)")
@@ -234,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     cfg = labkit.setup()
-    cases = bench_cases()
+    cases, groups = bench_cases(), kernel_groups()
+    args.kernels = [k for name in args.kernels for k in ([name] if name in cases else groups.get(name, [name]))]
     unknown = [k for k in args.kernels if k not in cases]
     if unknown:
         ap.error(f"unknown kernel(s) {', '.join(unknown)}; choose from {', '.join(cases)}")
@@ -249,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.kernels or list(cases):
         case = cases[name]
         sizes = args.sizes or list(case.gpu_sizes if cfg.is_gpu else case.cpu_sizes)
-        dtypes = args.dtypes or (list(case.gpu_dtypes) if cfg.is_gpu else ["fp32"])
+        dtypes = args.dtypes or list(case.gpu_dtypes if cfg.is_gpu else case.cpu_dtypes)
         rows = run_kernel(case, sizes, dtypes, use_compile, ceil)
         print(table(case, rows), "\n", flush=True)
         all_rows += rows

@@ -8,7 +8,9 @@ It measures, in order: (1) correctness: a few DDP steps on a global batch split 
 against one process training on the whole global batch (rank 0), plus the gradient of that
 batch by accumulation over micro-batches; (2) that every rank holds identical parameters;
 (3) throughput (samples/s) on a fixed per-rank batch, against a plain model on rank 0 alone;
-(4) all-reduce bus bandwidth over message sizes (with more than one process). Timings use a
+(4) all-reduce bus bandwidth over message sizes (with more than one process); (5) optionally, the
+step time for several DDP bucket sizes and a profiler trace of a few steps (rank 0) showing when
+each bucket's all-reduce ran against backward's compute. Timings use a
 fixed step count, a device synchronize and the slowest rank's clock (`labkit.bench` would pick
 a different repetition count on each rank and deadlock the
 collectives).
@@ -53,13 +55,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size (MB)")
     ap.add_argument("--allreduce-bytes", type=str, default="",
                     help="comma-separated message sizes in bytes for the all-reduce sweep ('' skips it)")
-    ap.add_argument("--allreduce-iters", type=int, default=10, help="timed all-reduces per size")
+    ap.add_argument("--allreduce-iters", type=int, default=10, help="timed all-reduces per size and repeat")
+    ap.add_argument("--allreduce-warmup", type=int, default=10, help="untimed all-reduces per size first")
+    ap.add_argument("--allreduce-repeats", type=int, default=5, help="timed repeats per size (median reported)")
+    ap.add_argument("--accum-steps", type=int, default=2, help="micro-batches per rank in the no_sync check")
+    ap.add_argument("--bucket-sweep", type=str, default="",
+                    help="comma-separated bucket_cap_mb values to time a DDP step with ('' skips it)")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="rank 0 profiles a few DDP steps and writes a Chrome trace here")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per process (0: cores / processes)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.layers < 2:
         ap.error("--layers must be at least 2")
-    for name in ("dim", "hidden", "global_batch", "check_steps", "batch_per_rank", "steps", "allreduce_iters"):
+    for name in ("dim", "hidden", "global_batch", "check_steps", "batch_per_rank", "steps", "allreduce_iters",
+                 "allreduce_repeats", "accum_steps"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
@@ -128,6 +138,21 @@ def _max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b))
 
 
+def accumulate_no_sync(ddp, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Gradient accumulation under DDP: backward on every micro-batch, all-reduce only on the last.
+
+    Inside `ddp.no_sync()` DDP's hooks do not fire, so gradients add up locally in .grad; the last
+    backward (outside it) all-reduces the sum once. Each loss is divided by the number of
+    micro-batches so the result is the mean over all of them, like one big batch.
+    """
+    *first, last = micro_batches
+    with ddp.no_sync():
+        for x, y in first:
+            (F.mse_loss(ddp(x), y) / len(micro_batches)).backward()   # local only: no communication
+    x, y = last
+    (F.mse_loss(ddp(x), y) / len(micro_batches)).backward()           # adds, then all-reduces the sum
+
+
 def check_correctness(args, rank: int, world: int, device: torch.device) -> dict:
     """DDP on the split global batch vs one process on all of it; gradients by accumulation too."""
     import torch.distributed as dist
@@ -162,6 +187,7 @@ def check_correctness(args, rank: int, world: int, device: torch.device) -> dict
         loss.backward()  # DDP all-reduces (averages) each bucket of gradients as it fills
         if step == 0:
             ddp_grads = [p.grad.detach().clone() for p in model.parameters()]
+            first_buckets = len(buckets)   # a fresh DDP's first backward (before it regroups its buckets)
         opt.step()
         last_buckets = list(buckets)
         mean_loss = loss.detach().clone()
@@ -170,6 +196,22 @@ def check_correctness(args, rank: int, world: int, device: torch.device) -> dict
 
     out = {"ddp_losses": losses, "buckets": sorted(last_buckets, key=lambda b: b["index"]),
            "param_count": sum(p.numel() for p in model.parameters())}
+
+    # no_sync: `accum_steps` micro-batches per rank, one all-reduce, from a fresh copy of the start
+    nosync_model = copy.deepcopy(init).to(device)
+    nosync = DDP(nosync_model, device_ids=[device.index] if device.type == "cuda" else None,
+                 bucket_cap_mb=args.bucket_cap_mb)
+    nosync.register_comm_hook(None, counting_hook)
+    buckets.clear()
+    acc_global = args.accum_steps * args.global_batch
+    xa, ya = global_batch(10_000, acc_global, args.dim, args.seed)
+    per = args.global_batch // world   # micro-batch size; rank r takes micro-batches r, r + world, ...
+    mine = [(xa[i * per:(i + 1) * per].to(device), ya[i * per:(i + 1) * per].to(device))
+            for i in range(rank, args.accum_steps * world, world)]
+    accumulate_no_sync(nosync, mine)
+    out["nosync_allreduce_calls"] = len(buckets)
+    out["nosync_buckets_per_backward"] = first_buckets
+    nosync_grads = [p.grad.detach().clone() for p in nosync_model.parameters()]
     # identical parameters on every rank: a checksum per rank, gathered, and rank 0's values broadcast
     sums = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
     dist.all_gather(sums, checksum(model).reshape(1))
@@ -202,6 +244,9 @@ def check_correctness(args, rank: int, world: int, device: torch.device) -> dict
             part = slice(r * local, (r + 1) * local)
             (F.mse_loss(acc(x[part].to(device)), y[part].to(device)) / world).backward()
         acc_grads = [p.grad.detach() for p in acc.parameters()]
+        big = copy.deepcopy(init)   # the no_sync reference: one process, all accum_steps x global batch at once
+        F.mse_loss(big(xa.to(device)), ya.to(device)).backward()
+        out["grad_diff_nosync_vs_full"] = _max_abs_diff(nosync_grads, [p.grad.detach() for p in big.parameters()])
         out.update({
             "ref_losses": ref_losses,
             "max_loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
@@ -254,6 +299,17 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
         seconds = time.perf_counter() - t0
         out["single_samples_per_s"] = args.batch_per_rank * args.steps / seconds
         out["single_step_ms"] = seconds / args.steps * 1e3
+        bwd = []
+        for _ in range(max(3, args.steps // 2)):   # backward alone: what an all-reduce can hide behind
+            plain_opt.zero_grad(set_to_none=True)
+            loss = F.mse_loss(plain(x), y)
+            _sync(device)
+            t0 = time.perf_counter()
+            loss.backward()
+            _sync(device)
+            bwd.append(time.perf_counter() - t0)
+        out["backward_ms"] = statistics.median(bwd) * 1e3
+        out["grad_bytes"] = sum(p.numel() * p.element_size() for p in plain.parameters())
     dist.barrier()
 
     for _ in range(args.warmup):
@@ -309,6 +365,106 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
     return out
 
 
+def _ddp_step_fn(args, rank: int, device: torch.device, bucket_cap_mb: float):
+    """A fresh DDP model with this bucket size and its training step on a fixed per-rank batch."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(args.seed)
+    ddp = DDP(make_model(args.dim, args.hidden, args.layers).to(device),
+              device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=bucket_cap_mb)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr * 0.1)
+    g = torch.Generator().manual_seed(args.seed + 2000 + rank)
+    x = torch.randn(args.batch_per_rank, args.dim, generator=g).to(device)
+    y = torch.randn(args.batch_per_rank, args.dim, generator=g).to(device)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.mse_loss(ddp(x), y).backward()
+        opt.step()
+
+    return ddp, step
+
+
+def bucket_sweep(args, rank: int, device: torch.device) -> list[dict]:
+    """Median DDP step time (slowest rank) for each bucket_cap_mb in --bucket-sweep."""
+    rows = []
+    for cap in [float(c) for c in args.bucket_sweep.split(",") if c.strip()]:
+        ddp, step = _ddp_step_fn(args, rank, device, cap)
+        for _ in range(args.warmup + 1):   # the first step also lets DDP rebuild its buckets in use order
+            step()
+        times = []
+        for _ in range(args.steps):
+            _sync(device)
+            _slowest(0.0, device)
+            t0 = time.perf_counter()
+            step()
+            _sync(device)
+            times.append(_slowest(time.perf_counter() - t0, device))
+        times.sort()
+        rows.append({"bucket_cap_mb": cap, "step_ms": statistics.median(times) * 1e3,
+                     "p20_ms": times[int(0.2 * (len(times) - 1))] * 1e3, "p80_ms": times[int(0.8 * (len(times) - 1))] * 1e3})
+        del ddp, step
+    return rows
+
+
+def is_allreduce(name: str, on_gpu: bool) -> bool:
+    """An all-reduce's work in a profile: an NCCL kernel on a GPU, gloo's op on a CPU (not the launch)."""
+    low = name.lower()
+    return "allreduce" in low and "nccl" in low if on_gpu else low == "gloo:all_reduce"
+
+
+def trace_steps(args, rank: int, device: torch.device, path: Path, steps: int = 3) -> dict:
+    """Profile a few DDP steps; rank 0 writes a Chrome trace to `path` and returns the intervals (us)
+    of backward's compute and of the all-reduces, from the last profiled step."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    ddp, step = _ddp_step_fn(args, rank, device, args.bucket_cap_mb)
+    for _ in range(args.warmup + 1):
+        step()
+    _sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for i in range(steps):
+            with record_function(f"step {i}"):
+                step()
+            _sync(device)
+    found = {}
+    if rank == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(path))
+        found = intervals(prof.events(), device.type)
+    import torch.distributed as dist
+    dist.barrier()
+    return found
+
+
+def intervals(events, device_type: str) -> dict:
+    """From profiler events: [start, end] (us, from the last step's start) of compute and all-reduces.
+
+    On a GPU: NCCL all-reduce kernels vs every other kernel. On a CPU: gloo's all-reduce ops vs the
+    autograd functions of backward (host events).
+    """
+    steps = sorted((e for e in events if e.name.startswith("step ")), key=lambda e: e.time_range.start)
+    if not steps:
+        return {"compute": [], "allreduce": []}
+    gpu = device_type == "cuda"
+    lo, hi = steps[-1].time_range.start, steps[-1].time_range.end
+    compute, comm = [], []
+    for e in events:
+        on_device = "cuda" in str(getattr(e, "device_type", "")).lower()
+        start, end = e.time_range.start, e.time_range.end
+        if gpu != on_device or start < lo or (not gpu and start > hi):
+            continue
+        if is_allreduce(e.name, gpu):
+            comm.append([start - lo, end - lo])
+        elif gpu or "backward" in e.name.lower():
+            compute.append([start - lo, end - lo])
+    if gpu:   # kernels run after their launches: keep those that start before the step's last all-reduce ends
+        last = max([hi] + [c[1] + lo for c in comm])
+        compute = [c for c in compute if c[0] + lo <= last]
+    return {"compute": sorted(compute), "allreduce": sorted(comm)}
+
+
 def measure_allreduce(args, world: int, device: torch.device) -> list[dict]:
     """Time of one all-reduce (sum) per message size; algorithm and bus bandwidth (nccl-tests)."""
     import torch.distributed as dist
@@ -317,18 +473,23 @@ def measure_allreduce(args, world: int, device: torch.device) -> list[dict]:
     rows = []
     for nbytes in sizes:
         buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
-        for _ in range(3):
+        for _ in range(args.allreduce_warmup):   # the first calls set up connections and buffers
             dist.all_reduce(buf)
-        _sync(device)
-        _slowest(0.0, device)
-        t0 = time.perf_counter()
-        for _ in range(args.allreduce_iters):
-            dist.all_reduce(buf)
-        _sync(device)
-        seconds = _slowest(time.perf_counter() - t0, device) / args.allreduce_iters
+        times = []
+        for _ in range(args.allreduce_repeats):
+            _sync(device)
+            _slowest(0.0, device)
+            t0 = time.perf_counter()
+            for _ in range(args.allreduce_iters):
+                dist.all_reduce(buf)
+            _sync(device)
+            times.append(_slowest(time.perf_counter() - t0, device) / args.allreduce_iters)
+        times.sort()
+        seconds = statistics.median(times)
         size = buf.numel() * 4
         algbw = size / seconds / 1e9
-        rows.append({"bytes": size, "us": seconds * 1e6, "algbw_gbps": algbw,
+        rows.append({"bytes": size, "us": seconds * 1e6, "p20_us": times[int(0.2 * (len(times) - 1))] * 1e6,
+                     "p80_us": times[int(0.8 * (len(times) - 1))] * 1e6, "algbw_gbps": algbw,
                      "busbw_gbps": algbw * 2 * (world - 1) / world})
         del buf
     return rows
@@ -367,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
         result["check"] = check_correctness(args, rank, world, device)
         result["throughput"] = measure_throughput(args, rank, world, device)
         result["allreduce"] = measure_allreduce(args, world, device) if args.allreduce_bytes and world > 1 else []
+        result["bucket_sweep"] = bucket_sweep(args, rank, device) if args.bucket_sweep else []
+        result["trace"] = trace_steps(args, rank, device, args.trace) if args.trace else {}
         if rank == 0:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(result, indent=1))

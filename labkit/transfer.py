@@ -6,7 +6,9 @@ plus n / bandwidth. Small copies are all latency, large ones all bandwidth;
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -38,6 +40,46 @@ class LinkFit:
     def __str__(self) -> str:
         return (f"latency {self.latency_us:.2f} us + bytes / {self.bandwidth_gbps:.2f} GB/s "
                 f"(worst point off by {self.max_rel_error:.0%})")
+
+
+# PCIe transfer rate per lane (GT/s) and line-code efficiency, per generation: the PCI-SIG
+# base specifications (gen 1-2: 8b/10b, gen 3-5: 128b/130b, gen 6: 242/256 FLIT).
+PCIE_GENERATIONS = {1: (2.5, 8 / 10), 2: (5.0, 8 / 10), 3: (8.0, 128 / 130), 4: (16.0, 128 / 130),
+                    5: (32.0, 128 / 130), 6: (64.0, 242 / 256)}
+
+
+def pcie_peak_gbps(gen: int, width: int) -> float:
+    """A PCIe link's peak in one direction, in GB/s: lanes x GT/s x coding efficiency / 8 bits."""
+    if gen not in PCIE_GENERATIONS:
+        raise ValueError(f"PCIe generation {gen!r} is unknown: use one of {sorted(PCIE_GENERATIONS)}")
+    if not isinstance(width, int) or width not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"PCIe link width {width!r} is not a lane count (1, 2, 4, 8, 16 or 32)")
+    rate, efficiency = PCIE_GENERATIONS[gen]
+    return width * rate * efficiency / 8
+
+
+def host_cache_bytes() -> int:
+    """The CPU's largest cache (usually L3) in bytes, or 0 where the OS does not say.
+
+    A pageable copy's staging memcpy slows once its buffer no longer fits in it.
+    """
+    if hasattr(os, "sysconf") and "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names:
+        try:
+            if (size := os.sysconf("SC_LEVEL3_CACHE_SIZE")) > 0:
+                return int(size)
+        except (OSError, ValueError):
+            pass
+    best = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best
 
 
 def sweep_sizes(lo: int, hi: int, step: int = 4) -> list[int]:

@@ -49,7 +49,8 @@ def test_a_new_kernel_module_is_one_entry_in_the_list(monkeypatch, capsys):
         return Timed("x".join(map(str, dims)), lambda: x * 2, {"eager": lambda: x + x, "compile": None},
                      2 * x.numel() * dtype.itemsize)
 
-    toy = types.SimpleNamespace(bench_cases=lambda: [BenchCase("toy_double", make, ("64",), ("5x7",))])
+    toy = types.ModuleType("labkit.kernels.toy_double")
+    toy.bench_cases = lambda: [BenchCase("toy_double", make, ("64",), ("5x7",))]
     monkeypatch.setattr(kernels, "BENCHMARKED", kernels.BENCHMARKED + [toy])
     assert benchmark.main(["toy_double"]) == 0
     assert "toy_double" in capsys.readouterr().out

@@ -22,7 +22,9 @@ def two_process_run(tmp_path_factory):
            "-m", "labkit.ddp_train", "--out", str(out), "--backend", "gloo", "--device", "cpu",
            "--dim", "7", "--hidden", "19", "--layers", "3", "--global-batch", "10", "--check-steps", "3",
            "--batch-per-rank", "6", "--steps", "3", "--warmup", "1", "--bucket-cap-mb", "0.001",
-           "--allreduce-bytes", "4096,65536", "--allreduce-iters", "2", "--seed", "3"]
+           "--allreduce-bytes", "4096,65536", "--allreduce-iters", "2", "--allreduce-warmup", "1",
+           "--allreduce-repeats", "3", "--accum-steps", "3", "--bucket-sweep", "0.001,1",
+           "--trace", str(out.parent / "trace.json"), "--seed", "3"]
     env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
@@ -69,13 +71,50 @@ def test_buckets_cover_every_parameter(two_process_run):
 
 def test_throughput_and_allreduce_fields(two_process_run):
     thr = two_process_run["throughput"]
-    for key in ("samples_per_s", "single_samples_per_s", "scaling_efficiency", "ddp_grad_ms", "accum_grad_ms"):
+    for key in ("samples_per_s", "single_samples_per_s", "scaling_efficiency", "ddp_grad_ms", "accum_grad_ms",
+                "backward_ms"):
         assert math.isfinite(thr[key]) and thr[key] > 0, key
+    assert thr["grad_bytes"] == 4 * two_process_run["check"]["param_count"]
     rows = two_process_run["allreduce"]
     assert [r["bytes"] for r in rows] == [4096, 65536]
     for r in rows:
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)
         assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["us"] * 1e-6) / 1e9)
+        assert r["p20_us"] <= r["us"] <= r["p80_us"]
+
+
+def test_no_sync_accumulation_equals_the_whole_batch_with_one_round_of_all_reduces(two_process_run):
+    chk = two_process_run["check"]
+    assert chk["grad_diff_nosync_vs_full"] <= 1e-5 * chk["grad_max_abs"]
+    # the 3 micro-batches per rank communicate once: as many bucket all-reduces as one backward
+    assert chk["nosync_allreduce_calls"] == chk["nosync_buckets_per_backward"] >= 1   # not 3 rounds
+
+
+def test_bucket_sweep_and_trace(two_process_run, tmp_path_factory):
+    rows = two_process_run["bucket_sweep"]
+    assert [r["bucket_cap_mb"] for r in rows] == [0.001, 1.0]
+    assert all(0 < r["p20_ms"] <= r["step_ms"] <= r["p80_ms"] for r in rows)
+    tr = two_process_run["trace"]
+    assert tr["allreduce"] and tr["compute"], tr
+    for a, b in tr["allreduce"] + tr["compute"]:
+        assert 0 <= a <= b
+
+
+def test_intervals_classify_gpu_kernels_and_cpu_ops():
+    from types import SimpleNamespace as E
+
+    def ev(name, start, end, dev="DeviceType.CPU"):
+        return E(name=name, time_range=E(start=start, end=end), device_type=dev)
+
+    events = [ev("step 0", 0, 50), ev("step 1", 100, 200), ev("autograd::engine::evaluate_function: MmBackward0", 110, 130),
+              ev("gloo:all_reduce", 125, 180), ev("c10d::allreduce_", 124, 126), ev("aten::add", 140, 141),
+              ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 150, 190, "DeviceType.CUDA"),
+              ev("sm90_xmma_gemm", 120, 140, "DeviceType.CUDA"), ev("sm90_xmma_gemm", 10, 20, "DeviceType.CUDA")]
+    cpu = ddp_train.intervals(events, "cpu")
+    assert cpu == {"compute": [[10, 30]], "allreduce": [[25, 80]]}
+    gpu = ddp_train.intervals(events, "cuda")
+    assert gpu == {"compute": [[20, 40]], "allreduce": [[50, 90]]}
+    assert ddp_train.intervals([], "cpu") == {"compute": [], "allreduce": []}
 
 
 def test_choose_backend_and_device():
@@ -98,7 +137,8 @@ def test_main_without_torchrun_says_how_to_launch(monkeypatch, capsys, tmp_path)
     assert not (tmp_path / "r.json").exists()
 
 
-@pytest.mark.parametrize("bad", [["--layers", "1"], ["--steps", "0"], ["--global-batch", "0"]])
+@pytest.mark.parametrize("bad", [["--layers", "1"], ["--steps", "0"], ["--global-batch", "0"],
+                                 ["--allreduce-repeats", "0"], ["--accum-steps", "0"]])
 def test_bad_arguments_are_refused(bad, tmp_path):
     with pytest.raises(SystemExit):
         ddp_train.parse_args(["--out", str(tmp_path / "r.json"), *bad])

@@ -72,7 +72,8 @@ def test_prose_types_in_no_measured_figure(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_notebook_checks_claims_and_starts_predictions_blank(path):
-    code = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+    code = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
     assert "labkit.claim(" in code, f"{path.name} records no claim: verdicts come from labkit.claim"
-    prefilled = re.findall(r"^\s*(?:my_)?guess\w*\s*=\s*(?!None\b)(.+)$", code, re.M)
+    # [ \t]* then \S: the spaces before None cannot be given back to let the None look-ahead pass
+    prefilled = re.findall(r"^[ \t]*(?:my_)?guess\w*[ \t]*=[ \t]*(?!None\b)(\S.*)$", code, re.M)
     assert not prefilled, f"{path.name}: prediction cells start as None, not {prefilled[:3]}"

@@ -118,3 +118,48 @@ def test_zero_fraction_counts_only_new_zeros():
     assert precision.zero_fraction(tiny.half().double(), tiny) == 0.5
     with pytest.raises(ValueError, match="shapes differ"):
         precision.zero_fraction(torch.zeros(3), ref)
+
+
+@pytest.mark.parametrize("n", [40, 96])
+def test_error_model_predicts_measured_errors(n):
+    errs = precision.relative_errors(n, CPU_OK, "cpu", seed=n + 1)
+    for p, e in errs.items():
+        model = precision.error_model(n, p)
+        assert model / 1.5 < e < 1.5 * model, (p, e, model)
+
+
+def test_error_model_grows_like_sqrt_k_for_fp32_only():
+    assert precision.error_model(4 * 4096, "fp32") / precision.error_model(4096, "fp32") == pytest.approx(2, rel=0.01)
+    assert precision.error_model(8192, "bf16") == pytest.approx(precision.error_model(64, "bf16"), rel=0.01)
+    assert precision.worst_case_bound(1000) == 1000 * precision.unit_roundoff("fp32")
+    with pytest.raises(ValueError, match="positive int"):
+        precision.error_model(0, "fp32")
+
+
+def test_fp8_rounding_is_scaled_and_its_error_follows_the_model():
+    x = torch.randn(37, 53, dtype=torch.float64) * 1e3
+    x8, scale = precision.to_fp8(x)
+    assert x8.dtype == torch.float8_e4m3fn
+    assert x8.double().abs().max().item() == precision.FP8_MAX          # the largest value maps to 448
+    assert float(((x8.double() * scale) - x).abs().max() / x.abs().max()) <= 2**-4
+    a, b = precision.inputs(64, "cpu", seed=2)
+    c = precision.fp8_matmul(a, b.T.contiguous().T, emulate=True)
+    assert c.dtype == torch.bfloat16 and c.shape == (64, 64)
+    ref = a @ b
+    err = float((c.double() - ref).norm() / ref.norm())
+    assert precision.error_model(64, "fp8") / 1.5 < err < 1.5 * precision.error_model(64, "fp8")
+
+
+def test_fp8_on_a_cpu_says_why_and_what_to_do():
+    ok, why = precision.fp8_supported("cpu")
+    assert not ok and "FP8 tensor cores" in why
+    with pytest.raises(RuntimeError, match="emulate=True"):
+        precision.fp8_matmul(torch.randn(16, 16), torch.randn(16, 16))
+    with pytest.raises(RuntimeError):
+        precision.fp8_rate(16, device="cpu")
+
+
+def test_format_rows_include_fp8():
+    rows = {r["format"]: r for r in precision.format_rows()}
+    assert rows["fp8 e4m3"]["max"] == 448 and rows["fp8 e4m3"]["mantissa bits"] == 3
+    assert rows["fp8 e5m2"]["exponent bits"] == 5 and rows["fp8 e5m2"]["eps"] == 0.25

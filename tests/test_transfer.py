@@ -21,6 +21,24 @@ def test_sweep_sizes_geometric_and_ends_at_hi():
     assert len(transfer.sweep_sizes(1, 2**30, 2)) == 31
 
 
+def test_pcie_peak_matches_the_spec_figures():
+    assert transfer.pcie_peak_gbps(5, 16) == pytest.approx(63.02, abs=0.01)  # 32 GT/s x 16 x 128/130 / 8
+    assert transfer.pcie_peak_gbps(4, 16) == pytest.approx(31.51, abs=0.01)
+    assert transfer.pcie_peak_gbps(3, 8) == pytest.approx(7.877, abs=0.001)
+    assert transfer.pcie_peak_gbps(2, 16) == pytest.approx(8.0)
+
+
+def test_host_cache_is_a_plausible_size():
+    size = transfer.host_cache_bytes()
+    assert size == 0 or 2**16 <= size <= 2**32, f"{size} bytes is no CPU cache size"
+
+
+@pytest.mark.parametrize("gen,width", [(7, 16), (0, 16), (5, 3), (5, 0)])
+def test_pcie_peak_rejects_unknown_links(gen, width):
+    with pytest.raises(ValueError, match="PCIe"):
+        transfer.pcie_peak_gbps(gen, width)
+
+
 @pytest.mark.parametrize("lo,hi,step", [(0, 10, 2), (10, 5, 2), (1, 10, 1)])
 def test_sweep_sizes_rejects_bad_ranges(lo, hi, step):
     with pytest.raises(ValueError, match="sweep_sizes"):

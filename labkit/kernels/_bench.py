@@ -35,6 +35,7 @@ class BenchCase:
     baselines: tuple[str, ...] = ("eager", "compile")
     unit: str = "GB/s"  # or "TFLOP/s": the ceiling is then the matmul rate of the dtype
     gpu_dtypes: tuple[str, ...] = ("fp32", "bf16")
+    cpu_dtypes: tuple[str, ...] = ("fp32",)
 
 
 def rows_cols(dims: tuple[int, ...]) -> tuple[int, int]:
