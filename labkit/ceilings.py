@@ -16,13 +16,12 @@ import datetime
 import hashlib
 import json
 import os
-import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from labkit.device import current, machine_info
+from labkit.device import cache_dir, current, machine_info
 from labkit.figures import fmt_value
 from labkit.precision import PRECISIONS, matmul_rate
 from labkit.timing import bench, gbps
@@ -103,10 +102,6 @@ def _machine_key() -> tuple[str, str]:
     name = info["GPU"] if current().is_gpu else f"CPU {info['CPU']} x{info['CPU cores']}"
     facts = ["v2", name, info["torch"], info.get("driver", ""), str(current().quick)]  # v2: robust measurement
     return name, hashlib.sha1("|".join(facts).encode()).hexdigest()[:12]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LABKIT_CACHE", Path.home() / ".cache" / "labkit"))
 
 
 def measure_copy_gbps(nbytes: int) -> float:

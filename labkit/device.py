@@ -13,11 +13,13 @@ import subprocess
 import sys
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 ENV_DEVICE = "LABKIT_DEVICE"  # "cuda", "cuda:1", "cpu"
 ENV_QUICK = "LABKIT_QUICK"  # "1" shrinks problem sizes, "0" forces full size
+ENV_CACHE = "LABKIT_CACHE"  # where measured ceilings and built extensions are kept
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,11 @@ def _fix_interpreter_bf16_rounding() -> None:
     builder.cast_impl = patched_cast
     builder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
     builder.create_fp_to_fp = patched_fp_to_fp
+
+
+def cache_dir() -> Path:
+    """labkit's cache folder for this machine's measurements and builds: $LABKIT_CACHE, else ~/.cache/labkit."""
+    return Path(os.environ.get(ENV_CACHE, Path.home() / ".cache" / "labkit"))
 
 
 def current() -> Setup:

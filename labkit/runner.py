@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from labkit import claims as claims_mod
+from labkit import nbio
 from labkit.figures import figures_in, fmt_value
-
-COURSE_ROOT = Path(__file__).resolve().parent.parent
+from labkit.paths import COURSE_ROOT
 
 
 def default_notebooks() -> list[Path]:
@@ -120,7 +120,6 @@ def _batch_kernel_manager():
 
 def run_one(path: Path, out_dir: Path, parameters: dict, timeout_s: float | None) -> dict:
     """Execute one notebook; return its summary entry (never raises for a notebook's failure)."""
-    import nbformat
     import papermill
 
     out_path = out_dir / path.name
@@ -137,11 +136,11 @@ def run_one(path: Path, out_dir: Path, parameters: dict, timeout_s: float | None
         cell = getattr(exc, "exec_count", None)
         entry["error"] = f"{ename}: {evalue}" + (f" (cell [{cell}])" if cell is not None else "")
         if cell is None and out_path.exists():  # a time-out or a dead kernel: name the cell that was running
-            where = _running_cell(nbformat.read(out_path, as_version=4))
+            where = _running_cell(nbio.read(out_path))
             if where:
                 entry["error"] += f" (in {where})"
     entry["duration_s"] = round(time.perf_counter() - started, 2)
-    executed = nbformat.read(out_path, as_version=4) if out_path.exists() else {}
+    executed = nbio.read(out_path) if out_path.exists() else {}
     entry["figures"] = figures_in(executed) if executed else {}
     entry["claims"] = claims_mod.claims_in(executed) if executed else {}
     entry["claim_counts"] = claims_mod.tally(entry["claims"])
@@ -214,8 +213,6 @@ def write_summary(entries: list[dict], out_dir: Path, parameters: dict, facts: d
 
 def save_reference(out_dir: Path, entries: list[dict], root: Path | None = None) -> Path:
     """Copy a finished batch (summary and tagged plots) into reference/<machine>/ for students without one."""
-    import nbformat
-
     from labkit import reference
 
     summary = json.loads((out_dir / "summary.json").read_text())
@@ -231,7 +228,7 @@ def save_reference(out_dir: Path, entries: list[dict], root: Path | None = None)
         e = dict(e)
         out = Path(e["output"])
         if out.exists():
-            reference.save_plots(nbformat.read(out, as_version=4), dest / out.stem)
+            reference.save_plots(nbio.read(out), dest / out.stem)
     for e in summary["notebooks"]:  # paths on the GPU host mean nothing to a student
         e["notebook"], e["output"] = Path(e["notebook"]).name, Path(e["output"]).name
     (dest / "summary.json").write_text(json.dumps(summary, indent=1))

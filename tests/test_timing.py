@@ -1,7 +1,6 @@
 import pytest
 import torch
 
-import labkit
 from labkit.timing import Timing, bench, gbps, summarize, tflops
 
 

@@ -176,3 +176,19 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
                         c.stride(0), c.stride(1), INPUT_PRECISION=precision,
                         UPCAST=INTERPRETED and a.dtype != torch.float32)
     return c
+
+
+# ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
+from labkit.kernels._bench import BenchCase, Timed, randn  # noqa: E402
+
+
+def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+    M, N, K = (dims * 3)[:3] if len(dims) == 1 else (dims + dims[-1:])[:3]
+    a, b = randn(M, K, dtype=dtype), randn(K, N, dtype=dtype)
+    return Timed(f"{M}x{N}x{K}", lambda: matmul(a, b), {"torch": lambda: torch.matmul(a, b), "compile": None},
+                 flops(M, N, K))
+
+
+def bench_cases() -> list[BenchCase]:
+    return [BenchCase("matmul", _bench, gpu_sizes=("4096", "8192"), cpu_sizes=("64",), baselines=("torch", "compile"),
+                      unit="TFLOP/s", gpu_dtypes=("bf16", "fp16", "tf32"))]

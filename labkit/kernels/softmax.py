@@ -124,3 +124,20 @@ def _softmax(x: torch.Tensor, online: bool | None = None) -> torch.Tensor:
         softmax_online_kernel[(programs,)](x2, y, M, N, x2.stride(0), y.stride(0), BLOCK_N=block,
                                            num_warps=1 if INTERPRETED else 8)
     return y.view(x.shape)
+
+
+# ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
+from labkit.kernels._bench import BenchCase, Timed, bind, maybe_compile, randn, rows_cols  # noqa: E402
+
+
+def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+    M, N = rows_cols(dims)
+    x = randn(M, N, dtype=dtype)
+    return Timed(f"{M}x{N}", lambda: softmax(x),
+                 {"eager": lambda: reference(x), "compile": bind(maybe_compile(reference, use_compile), x)},
+                 min_bytes((M, N), dtype))
+
+
+def bench_cases() -> list[BenchCase]:
+    return [BenchCase("softmax", _bench, gpu_sizes=("65536x1024", "16384x4096", "4096x16384", "256x65536"),
+                      cpu_sizes=("17x129",))]

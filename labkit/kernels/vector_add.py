@@ -85,3 +85,19 @@ def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     grid = (triton.cdiv(n, BLOCK),)
     vector_add_kernel[grid](x, y, z, n, BLOCK=BLOCK, num_warps=1 if INTERPRETED else 8)
     return z
+
+
+# ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
+from labkit.kernels._bench import BenchCase, Timed, bind, maybe_compile, randn  # noqa: E402
+
+
+def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+    n = torch.Size(dims).numel()
+    x, y = randn(n, dtype=dtype), randn(n, dtype=dtype)
+    return Timed(str(n), lambda: vector_add(x, y),
+                 {"eager": lambda: reference(x, y), "compile": bind(maybe_compile(reference, use_compile), x, y)},
+                 min_bytes(n, dtype))
+
+
+def bench_cases() -> list[BenchCase]:
+    return [BenchCase("vector_add", _bench, gpu_sizes=("1048576", "16777216", "134217728"), cpu_sizes=("4097",))]
