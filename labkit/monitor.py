@@ -88,6 +88,10 @@ class Sampler:
         self._thread.start()
         return self
 
+    def now(self) -> float:
+        """Seconds since sampling started (the clock of the samples' "t")."""
+        return time.perf_counter() - self._t0
+
     def mark(self, label: str) -> None:
         """Note a moment (e.g. a phase of the workload starting) on the sampler's clock."""
         self.marks.append((time.perf_counter() - self._t0, label))

@@ -12,6 +12,7 @@ import csv
 import gzip
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ SHIPPED_NCU = ROOT / "reference" / "traces" / "ncu_report.csv"
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 API_CATS = ("cuda_runtime", "cuda_driver")
 KEEP_CATS = DEVICE_CATS + API_CATS + ("cpu_op", "user_annotation", "gpu_user_annotation")
-KEEP_ARGS = ("correlation", "External id", "grid", "block", "device", "stream")
+KEEP_ARGS = ("correlation", "grid", "block", "device", "stream")
 
 
 # ---------------------------------------------------------------- Chrome traces
@@ -422,7 +423,7 @@ def kernel_table(launches: Sequence[KernelLaunch], flops: dict[str, float] | Non
             row[column] = k.get(column)
         if row["dram_bytes"] is None and row["dram_read_bytes"] is not None:
             row["dram_bytes"] = row["dram_read_bytes"] + (row["dram_write_bytes"] or 0.0)
-        counted = [(k.metrics[n][0], w) for n, w in _FLOP_COUNTERS.items()
+        counted = [(k.metrics[n][0] * _PREFIX.get(k.metrics[n][1][:-4], 1.0), w) for n, w in _FLOP_COUNTERS.items()
                    if n in k.metrics and isinstance(k.metrics[n][0], float)]
         row["flops"] = sum(v * w for v, w in counted) if counted else None
         for part, value in (flops or {}).items():
@@ -485,7 +486,7 @@ def ncu_problem(output: str) -> str | None:
     return errors[0] if errors else None
 
 
-def run_ncu(cmd: Sequence[str], timeout: float = 300) -> tuple[list[KernelLaunch], str]:
+def run_ncu(cmd: Sequence[str], timeout: float = 240) -> tuple[list[KernelLaunch], str]:
     """Run an ncu command built by `ncu_command`, import its report as raw CSV and parse it.
 
     Returns (launches, message); launches is empty and message says why when ncu is missing,
@@ -493,7 +494,10 @@ def run_ncu(cmd: Sequence[str], timeout: float = 300) -> tuple[list[KernelLaunch
     exe = shutil.which(cmd[0])
     if exe is None:
         return [], "ncu is not installed here (it comes with the CUDA toolkit or as Nsight Compute)"
-    run = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=timeout)
+    try:
+        run = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=timeout, env=_env())
+    except subprocess.TimeoutExpired:
+        return [], f"ncu did not finish within {timeout:.0f} s: select fewer kernels (--launch-count) or metrics"
     said = run.stdout + run.stderr
     report = cmd[cmd.index("--export") + 1]
     rep = Path(report if report.endswith(".ncu-rep") else report + ".ncu-rep")
@@ -509,10 +513,17 @@ def run_ncu(cmd: Sequence[str], timeout: float = 300) -> tuple[list[KernelLaunch
     return launches, f"ncu profiled {len(launches)} kernel launch(es) into {rep}"
 
 
+def _env() -> dict[str, str]:
+    """This environment, with the repository on PYTHONPATH so `python -m labkit...` works from any folder."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
 def export_csv(report: Path, exe: str = "ncu") -> str:
-    """A saved .ncu-rep as raw-page CSV (`ncu --import R --csv --page raw`; needs no GPU)."""
-    out = subprocess.run([exe, "--import", str(report), "--csv", "--page", "raw"], capture_output=True,
-                         text=True, timeout=120)
+    """A saved .ncu-rep as raw-page CSV in base units (`ncu --import R --csv --page raw`; needs no GPU)."""
+    out = subprocess.run([exe, "--import", str(report), "--csv", "--page", "raw", "--print-units", "base"],
+                         capture_output=True, text=True, timeout=120)
     return out.stdout
 
 
@@ -555,7 +566,7 @@ def workload_ncu(report: Path, n: int = 2**26, m: int = 4096) -> tuple[list[Kern
     return launches, msg, cmd
 
 
-def run_nsys(target: Sequence[str], report: str | Path, timeout: float = 300) -> tuple[str | None, str]:
+def run_nsys(target: Sequence[str], report: str | Path, timeout: float = 180) -> tuple[str | None, str]:
     """`nsys profile --trace cuda,nvtx,osrt` then `nsys stats` (kernel summary as CSV).
     Returns (csv text or None, message): nsys may be missing or unable to write its report."""
     exe = shutil.which("nsys")
@@ -563,13 +574,19 @@ def run_nsys(target: Sequence[str], report: str | Path, timeout: float = 300) ->
         return None, "nsys is not installed here (it comes with the CUDA toolkit or as Nsight Systems)"
     cmd = [exe, "profile", "--trace", "cuda,nvtx,osrt", "--sample", "none", "--force-overwrite", "true",
            "--output", str(report), *target]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
+    except subprocess.TimeoutExpired:
+        return None, f"nsys did not finish within {timeout:.0f} s on this machine"
     rep = Path(str(report) + ".nsys-rep")
     if run.returncode != 0 or not rep.is_file():
         last = (run.stderr or run.stdout).strip().splitlines()[-1:] or [f"exit status {run.returncode}"]
         return None, f"nsys could not make a report on this machine: {last[0][:300]}"
-    stats = subprocess.run([exe, "stats", "--report", "cuda_gpu_kern_sum", "--format", "csv", "--force-export",
-                            "true", str(rep)], capture_output=True, text=True, timeout=timeout)
+    try:
+        stats = subprocess.run([exe, "stats", "--report", "cuda_gpu_kern_sum", "--format", "csv", "--force-export",
+                                "true", str(rep)], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"nsys stats did not finish within {timeout:.0f} s"
     if stats.returncode != 0:
         return None, f"nsys stats failed: {(stats.stderr or stats.stdout).strip()[-300:]}"
     return stats.stdout, f"nsys wrote {rep}"
