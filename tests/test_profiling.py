@@ -209,3 +209,22 @@ def test_missing_tools_give_one_clear_message(monkeypatch, tmp_path):
     assert launches == [] and "ncu is not installed" in msg
     text, msg = P.run_nsys(["python"], tmp_path / "r")
     assert text is None and "nsys is not installed" in msg
+
+
+def test_workload_ncu_falls_back_from_nvtx_to_kernel_name(monkeypatch, tmp_path):
+    seen = []
+    fixture = P.parse_ncu_csv(RAW_FIXTURE.read_text())
+
+    def fake_run(cmd):
+        seen.append(cmd)
+        if "--nvtx" in cmd:
+            return [], "ncu ran but profiled no kernel: the NVTX range or kernel-name filter matched nothing"
+        return fixture, "ncu profiled 2 kernel launch(es)"
+
+    monkeypatch.setattr(P, "run_ncu", fake_run)
+    launches, msg, cmd = P.workload_ncu(tmp_path / "r")
+    assert launches == fixture and len(seen) == 2
+    assert "--kernel-name" in cmd and "--launch-skip" in cmd and "NVTX ranges:" in msg and "kernel name:" in msg
+    monkeypatch.setattr(P, "run_ncu", lambda cmd: ([], "ncu may not read the GPU's performance counters here (ERR_NVGPUCTRPERM)"))
+    launches, msg, _ = P.workload_ncu(tmp_path / "r")
+    assert launches == [] and msg.count("ERR_NVGPUCTRPERM") == 1   # no retry when counters are not permitted
