@@ -572,7 +572,7 @@ def workload_ncu(report: Path, n: int = 2**26, m: int = 4096) -> tuple[list[Kern
     return launches, "; ".join(said), cmd
 
 
-def run_nsys(target: Sequence[str], report: str | Path, timeout: float = 180) -> tuple[str | None, str]:
+def run_nsys(target: Sequence[str], report: str | Path, timeout: float = 120) -> tuple[str | None, str]:
     """`nsys profile --trace cuda,nvtx,osrt` then `nsys stats` (kernel summary as CSV).
     Returns (csv text or None, message): nsys may be missing or unable to write its report."""
     exe = shutil.which("nsys")
