@@ -135,27 +135,34 @@ class TraceSummary:
         return "\n".join(lines)
 
 
-def _range(trace: dict[str, Any], name: str) -> tuple[float, float]:
+def _spans(trace: dict[str, Any], name: str) -> list[dict[str, Any]]:
     spans = [e for e in _complete(trace, ("user_annotation",)) if e["name"] == name]
     if not spans:
         names = sorted({e["name"] for e in _complete(trace, ("user_annotation",))})
         raise KeyError(f"no record_function range {name!r} in the trace; it has: {names[:10]}")
-    return float(spans[-1]["ts"]), float(spans[-1]["ts"]) + float(spans[-1]["dur"])
+    return spans
 
 
-def summarize(trace: dict[str, Any], within: str | None = None, track: str = "auto") -> TraceSummary:
+def _range(trace: dict[str, Any], name: str, occurrence: int = -1) -> tuple[float, float]:
+    span = _spans(trace, name)[occurrence]
+    return float(span["ts"]), float(span["ts"]) + float(span["dur"])
+
+
+def summarize(trace: dict[str, Any], within: str | None = None, track: str = "auto",
+              occurrence: int = -1) -> TraceSummary:
     """Busy time, idle gaps, launches and top events of a trace's device track.
 
     track: "gpu" (kernels, memcpys, memsets), "cpu" (top-level CPU ops: the gaps between them are
     Python and framework time), or "auto" (the GPU when the trace has kernels). `within` names a
-    record_function range (its last occurrence): only work launched inside it counts.
+    record_function range (its last occurrence, or the `occurrence`-th): only work launched inside
+    it counts.
     """
     device = _complete(trace, DEVICE_CATS)
     if track == "auto":
         track = "gpu" if device else "cpu"
     if track not in ("gpu", "cpu"):
         raise ValueError(f"track must be 'gpu', 'cpu' or 'auto', not {track!r}")
-    lo, hi = _range(trace, within) if within else (float("-inf"), float("inf"))
+    lo, hi = _range(trace, within, occurrence) if within else (float("-inf"), float("inf"))
     launches = [e for e in _complete(trace, API_CATS) if is_launch(e) and lo <= float(e["ts"]) <= hi]
     if track == "gpu":
         if not device:
@@ -183,6 +190,14 @@ def summarize(trace: dict[str, Any], within: str | None = None, track: str = "au
     top = sorted(((n, len(d), sum(d)) for n, d in totals.items()), key=lambda r: -r[2])
     return TraceSummary(label, window, busy, gaps, len(events), len(launches),
                         sum(float(e["dur"]) for e in launches), top)
+
+
+def summarize_median(trace: dict[str, Any], within: str, track: str = "auto") -> TraceSummary:
+    """Summarise every occurrence of range `within` and return the one with the median busy share
+    (one profiled step can be disturbed by the OS; the middle of several is the typical one)."""
+    each = sorted((summarize(trace, within, track, i) for i in range(len(_spans(trace, within)))),
+                  key=lambda s: s.busy_fraction)
+    return each[len(each) // 2]
 
 
 def timeline(trace: dict[str, Any], within: str | None = None) -> dict[str, list[tuple[float, float]]]:

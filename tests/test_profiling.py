@@ -62,6 +62,20 @@ def test_within_a_range_counts_only_its_ops(cpu_trace):
         P.summarize(trace, track="gpu")
 
 
+def test_median_of_several_occurrences(cpu_trace):
+    trace = P.load_trace(cpu_trace)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("name") != "other"]
+    ops = [e for e in P.top_level(P._complete(trace, ("cpu_op",)))]
+    # three ranges named "step" over thirds of the 15 top-level ops
+    for i in range(3):
+        part = ops[5 * i:5 * i + 5]
+        trace["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": "step", "tid": part[0]["tid"],
+                                     "ts": part[0]["ts"], "dur": part[-1]["ts"] + part[-1]["dur"] - part[0]["ts"]})
+    each = sorted(P.summarize(trace, "step", occurrence=i).busy_fraction for i in range(3))
+    assert [P.summarize(trace, "step", occurrence=i).count for i in range(3)] == [5, 5, 5]
+    assert P.summarize_median(trace, "step").busy_fraction == each[1]
+
+
 def test_busy_and_gaps_and_top_level():
     busy, gaps = P.busy_and_gaps([(0, 2), (1, 3), (5, 6), (5.5, 5.7), (10, 11)])
     assert busy == pytest.approx(5.0) and gaps == pytest.approx([2.0, 4.0])
