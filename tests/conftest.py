@@ -3,7 +3,10 @@ import os
 import tempfile
 
 os.environ.setdefault("LABKIT_CACHE", tempfile.mkdtemp(prefix="labkit-test-cache-"))
-os.environ.setdefault("MPLBACKEND", "Agg")
+if "MPLBACKEND" not in os.environ:  # Agg for this process only: nbval's kernels keep the inline backend
+    import matplotlib
+
+    matplotlib.use("Agg")
 
 import labkit  # noqa: E402
 
@@ -49,7 +52,9 @@ def restore_global_state():
         torch.cuda.set_device(gpu)
     mod, now = _triton_patch()
     if mod is not None and now is not hook:
-        mod._patch_lang_tensor = hook if hook is not None else getattr(now, "labkit_original", now)
+        while hook is None and getattr(now, "labkit_original", None) is not None:  # unwrap every patch
+            now = now.labkit_original
+        mod._patch_lang_tensor = hook if hook is not None else now
 
 
 # --- Triton kernel tests (labkit/kernels) ---
