@@ -374,7 +374,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[rank 0/{world}] {backend} on {dev_type}: {t['samples_per_s']:,.0f} samples/s, "
                   f"loss diff vs 1 process {c['max_loss_diff']:.2e}, "
                   f"param diff across ranks {c['max_param_diff_across_ranks']:.2e}; wrote {args.out}")
-        dist.barrier()  # no rank tears gloo down while another still talks to it (it aborts at exit otherwise)
     finally:
         dist.destroy_process_group()
     return 0
