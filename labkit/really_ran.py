@@ -78,7 +78,8 @@ def problems(executed: dict, entry: dict, host_gpus: int, recorded_s: float | No
             excused = [m for o in outs for m in SKIP_LINE.finditer(_text(o)) if _wanted_gpus(m) > host_gpus]
             if not excused:
                 found.append(f"code cell {i} ({tag}) kept no plot: is MPLBACKEND=Agg set for the kernel?")
-    if not any(t.startswith("plot:") for c in code for t in _tags(c)) and any(PLOTTING.search(_source(c)) for c in code):
+    tagged = any(t.startswith("plot:") for c in code for t in _tags(c))
+    if not tagged and any(PLOTTING.search(_source(c)) for c in code):
         if not any(k in o.get("data", {}) for c in code for o in c.get("outputs", []) for k in IMAGES):
             found.append("it plots but the executed notebook holds no image: is MPLBACKEND=Agg set for the kernel?")
     return found

@@ -14,7 +14,8 @@ def bench_file(path: Path, ms: dict[str, float], spread: float | dict = 0.01, gp
     """A `labkit bench --save` JSON with one row per case."""
     spreads = spread if isinstance(spread, dict) else {k: spread for k in ms}
     rows = [{"kernel": k, "shape": "64x64", "dtype": "fp32", "ms": v, "spread": spreads[k], "rate": 1.0,
-             "unit": "GB/s", "ceiling": None, "fraction": None, "baseline_ms": {}, "speedup": {}} for k, v in ms.items()]
+             "unit": "GB/s", "ceiling": None, "fraction": None, "baseline_ms": {}, "speedup": {}}
+            for k, v in ms.items()]
     path.write_text(json.dumps({"machine": {"GPU": gpu, "torch": "2.x"}, "rows": rows}))
     return path
 

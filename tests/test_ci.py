@@ -56,7 +56,7 @@ def test_gpu_jobs_run_on_a_gpu_runner_never_for_forks_and_call_ci_gpu():
     every = " ".join(runs(j) for j in gpu_jobs.values())
     for step in ("info", "test", "shuffled", "notebooks", "bench", "compare"):
         assert re.search(rf"bash \.ci/gpu \S+ [a-z ]*\b{step}\b", every), f"no GPU job runs the {step} step"
-    paths = " ".join(s["with"]["path"] for j in gpu_jobs.values() for s in j["steps"] if "with" in s and "path" in s["with"])
+    paths = " ".join(s["with"]["path"] for j in gpu_jobs.values() for s in j["steps"] if "path" in s.get("with", {}))
     assert "run/*.ipynb" in paths and "summary.json" in paths and "bench." in paths
 
 

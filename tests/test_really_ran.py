@@ -85,7 +85,8 @@ def test_what_did_not_really_run_fails(tmp_path, durations, capsys, cells, claim
 
 
 def test_what_the_host_lacks_may_be_skipped_but_not_what_it_has(tmp_path, durations):
-    two_gpus = good_cells() + [cell("", "[skipped on this machine] the ring needs 2 CUDA GPUs; running on cuda with 2.\n")]
+    ring = "[skipped on this machine] the ring needs 2 CUDA GPUs; running on cuda with 2.\n"
+    two_gpus = good_cells() + [cell("", ring)]
     assert really_ran.check(write_run(tmp_path, good_cells(), gpus="1"), durations) == []
     found = really_ran.check(write_run(tmp_path, two_gpus, gpus="2"), durations)
     assert len(found) == 2 and all("needs 2 GPU(s); this host has 2" in f for f in found)
@@ -110,7 +111,7 @@ def test_quick_mode_on_a_gpu_host_fails_unless_allowed(tmp_path, durations):
 
 
 def test_executed_notebooks_are_found_next_to_a_moved_summary(tmp_path, durations):
-    summary = write_run(tmp_path, good_cells())
+    write_run(tmp_path, good_cells())
     moved = tmp_path / "artifact"
     (tmp_path / "run").rename(moved)
     assert really_ran.check(moved / "summary.json", durations) == []

@@ -83,7 +83,8 @@ def test_labkit_run_shard_runs_only_its_notebooks(tmp_path):
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(nb, tmp_path / name)
     durations = tmp_path / "durations.json"
-    durations.write_text(json.dumps({"machine": {"GPU": "x"}, "seconds": {"a.ipynb": 50, "b.ipynb": 30, "c.ipynb": 25}}))
+    seconds = {"a.ipynb": 50, "b.ipynb": 30, "c.ipynb": 25}
+    durations.write_text(json.dumps({"machine": {"GPU": "x"}, "seconds": seconds}))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "labkit.cli", "run", "-o", str(tmp_path / "out"), "--shard", "2/2",
            "--durations", str(durations), *(str(tmp_path / n) for n in ("a.ipynb", "b.ipynb", "c.ipynb"))]
