@@ -63,7 +63,8 @@ def ensure_env(extra: list[str]) -> str:
 def run_env(full: bool) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.setdefault("MPLBACKEND", "Agg")
+    # MPLBACKEND stays unset: notebook kernels keep Jupyter's inline backend, so their plots run as a
+    # student's do (the pytest process itself plots with Agg: tests/conftest.py)
     env["LABKIT_QUICK"] = "0" if full else env.get("LABKIT_QUICK", "1")
     return env
 
@@ -109,7 +110,7 @@ def start(args: argparse.Namespace) -> int:
     py = ensure_env(["jupyterlab"])
     env = run_env(full=False)
     env.pop("LABKIT_QUICK")  # let labkit choose: quick without a GPU, full size with one
-    env.pop("MPLBACKEND")  # inline plots
+    env.pop("MPLBACKEND", None)  # inline plots
     is_root = hasattr(os, "geteuid") and os.geteuid() == 0
     if is_root:
         print("course: running as root (a container?): passing --allow-root to JupyterLab")

@@ -160,6 +160,7 @@ def _fix_old_triton_interpreter() -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
 
     patched.labkit_fixed = True
+    patched.labkit_original = original  # so a test can put Triton back as it was
     interpreter._patch_lang_tensor = patched
 
 

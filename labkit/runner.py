@@ -246,12 +246,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="run full problem sizes without a GPU anyway (many minutes per notebook)")
     ap.add_argument("--reference", action="store_true",
                     help="also save the summary and tagged plots into reference/<GPU>/ (a GPU host's full-size run)")
+    ap.add_argument("--shard", metavar="K/N", help="run only shard K of N: notebooks dealt longest first by "
+                    "their recorded GPU durations (see `labkit shard`)")
+    ap.add_argument("--durations", type=Path, help="durations file for --shard (default: this GPU's in .ci/durations/)")
     args = ap.parse_args(argv)
 
     notebooks = args.notebooks or default_notebooks()
     missing = [str(p) for p in notebooks if not p.is_file()]
     if missing:
         ap.error(f"no such notebook: {', '.join(missing)}")
+    if args.shard:
+        from labkit import shard
+        try:
+            source = args.durations or shard.durations_file()
+            notebooks = shard.select(notebooks, args.shard, shard.load_durations(source))
+        except ValueError as exc:
+            ap.error(str(exc))
+        print(f"shard {args.shard} (durations from {source or 'nowhere: equal weights'}): "
+              f"{' '.join(p.name for p in notebooks) or 'no notebooks'}")
     parameters = {name: parse_value(value) for name, value in args.parameter}
     taken = {p.name for p in notebooks}
     if len(taken) < len(notebooks):
@@ -277,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         entries.append(entry)
         tqdm.write(f"{entry['status']:>6}  {path.name}  {entry['duration_s']:.1f} s"
                    + (f"  {entry['error'][:200]}" if entry["error"] else ""))
-    write_summary(entries, args.output, parameters, run_facts(parameters))
+    write_summary(entries, args.output, parameters, {**run_facts(parameters), "shard": args.shard})
     failed = sum(e["status"] != "ok" for e in entries)
     k = claims_mod.tally({f"{i}:{n}": c for i, e in enumerate(entries) for n, c in e["claims"].items()})
     print(f"{len(entries) - failed} ok, {failed} failed; claims: {k['held']} held, {k['differs']} differ (explained), "
