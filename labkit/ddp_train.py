@@ -543,4 +543,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Leave without C++ static destructors: a gloo or profiler thread still joinable at interpreter exit
+    # aborts the process ("terminate called without an active exception") after the work is done.
+    os._exit(code)
