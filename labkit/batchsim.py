@@ -72,7 +72,7 @@ def simulate(arrivals: np.ndarray, batch_time: Callable[[int], float], max_batch
         while nxt < n and arrivals[nxt] <= now:
             nxt += 1
         wait = policy(nxt - head, now - arrivals[head], max_batch, max_delay_s)
-        if wait > 0:
+        if wait > 0 and now + wait > now:  # (a wait lost to rounding launches now)
             now = min(now + wait, arrivals[nxt]) if nxt < n else now + wait
             continue
         k = min(max_batch, nxt - head)
@@ -88,22 +88,22 @@ def simulate(arrivals: np.ndarray, batch_time: Callable[[int], float], max_batch
 
 
 def estimate_latency(rate_per_s: float, max_delay_s: float, batch_time: Callable[[int], float],
-                     max_batch: int) -> tuple[float, float]:
+                     max_batch: int, buckets: tuple[int, ...] | None = None) -> tuple[float, float]:
     """(mean latency s, mean batch size) from a simple model; latency inf when the model cannot keep up.
 
-    A batch gathers what arrives while the previous one runs or during the delay after its first
-    request, b = min(B, max(1 + rate * delay, rate * t(b))); each request waits half that window on
-    average plus t(b), and the batches queue for the model like an M/D/1 queue at load rate * t(b) / b.
+    A batch gathers requests over a window W = max(delay, t(b)) (the delay after its first request,
+    or the previous batch's run when that is longer): b = min(B, 1 + rate * W), with t(b) at b's bucket.
+    The model is busy a fraction rho = rate * t(b) / b of the time: a request that finds it busy waits
+    half a run, one that finds it idle waits the delay (the first of a batch all of it, the rest half).
     """
+    buckets = buckets or bucket_sizes(max_batch)
+    tb = lambda b: batch_time(bucket_for(min(max_batch, max(1, round(b))), buckets))  # noqa: E731
     b = 1.0
-    for _ in range(100):  # fixed point of the batch size
-        b = min(max_batch, max(1.0 + rate_per_s * max_delay_s, rate_per_s * batch_time(math.ceil(b))))
-    t = batch_time(math.ceil(b))
-    load = rate_per_s * t / b
-    if load >= 1:
+    for _ in range(200):  # fixed point of the batch size
+        b = min(float(max_batch), 1.0 + rate_per_s * max(max_delay_s, tb(b)))
+    t = tb(b)
+    busy = rate_per_s * t / b
+    if busy >= 1:
         return math.inf, b
-    if max_delay_s >= t:  # quiet: the first request waits the whole delay, the others less
-        gather = (max_delay_s + (b - 1) * max_delay_s / 2) / b
-    else:  # busy: requests gather while the model runs
-        gather = t / 2
-    return gather + t + t * load / (2 * (1 - load)), b
+    idle_wait = (max_delay_s + (b - 1) * max_delay_s / 2) / b
+    return busy * t / 2 + (1 - busy) * idle_wait + t, b
