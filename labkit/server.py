@@ -90,6 +90,7 @@ def make_app(run_batch: Callable[[torch.Tensor], torch.Tensor], d_in: int, max_b
             yield
         finally:
             await batcher.close(drain=True)
+            print(f"labkit.server drained: {batcher.stats.served} served, {batcher.stats.rejected} rejected", flush=True)
 
     async def predict(request):
         x = parse_input(await request.body(), d_in)
@@ -195,11 +196,18 @@ class ServerProcess:
     def __init__(self, proc: subprocess.Popen, url: str, log_path: Path):
         self.proc, self.url, self.log_path = proc, url, log_path
 
+    final_log = ""
+
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else self.final_log
+
+    @property
+    def drained(self) -> bool:
+        """Whether the server finished its queued requests before it exited."""
+        return "labkit.server drained" in self.log()
 
     def stop(self, timeout_s: float = 15.0) -> int:
-        """SIGTERM (uvicorn drains in-flight requests), then kill after `timeout_s`; returns the exit code."""
+        """SIGTERM (uvicorn drains in-flight requests, then exits by that signal), kill after `timeout_s`."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -235,7 +243,9 @@ def launch(*args: str, start_timeout_s: float = 120.0) -> Iterator[ServerProcess
                 time.sleep(0.05)
         yield srv
     finally:
-        (srv or ServerProcess(proc, "", log)).stop()
+        srv = srv or ServerProcess(proc, "", log)
+        srv.stop()
+        srv.final_log = srv.log()
         log.unlink(missing_ok=True)
 
 
