@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import asyncio
 import contextlib
 import json
@@ -228,6 +229,7 @@ def launch(*args: str, start_timeout_s: float = 120.0) -> Iterator[ServerProcess
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "labkit.server", *args], stdout=out,
                                 stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+    atexit.register(_kill, proc)  # a kernel that dies mid-cell still takes its server with it
     srv = None
     try:
         deadline = time.monotonic() + start_timeout_s
@@ -247,6 +249,12 @@ def launch(*args: str, start_timeout_s: float = 120.0) -> Iterator[ServerProcess
         srv.stop()
         srv.final_log = srv.log()
         log.unlink(missing_ok=True)
+        atexit.unregister(_kill)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
 
 
 def configure(url: str, max_batch: int, max_delay_ms: float) -> dict:
