@@ -34,6 +34,12 @@ class LoadResult:
     errors: int = 0  # other 4xx/5xx answers
     timeouts: int = 0  # the client gave up waiting
     batch_sizes: Counter = field(default_factory=Counter)  # as the server formed them (from /metrics)
+    send_lag_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # how late each send left its schedule
+
+    @property
+    def client_lag_ms(self) -> float:
+        """p99 of how late requests were sent: large means the client, not the server, was the limit."""
+        return float(np.percentile(self.send_lag_ms, 99)) if self.send_lag_ms.size else 0.0
 
     @property
     def ok(self) -> int:
@@ -62,7 +68,7 @@ class LoadResult:
 
     def summary(self, slo_ms: float | None = None) -> dict[str, float]:
         out = {"rate": self.rate, "sent": self.sent, "ok": self.ok, "rejected": self.rejected, "errors": self.errors,
-               "timeouts": self.timeouts, "throughput": self.throughput, "p50_ms": self.pct(50),
+               "timeouts": self.timeouts, "client_lag_ms": self.client_lag_ms, "throughput": self.throughput, "p50_ms": self.pct(50),
                "p90_ms": self.pct(90), "p99_ms": self.pct(99), "mean_ms": self.mean_ms, "mean_batch": self.mean_batch}
         if slo_ms is not None:
             out["goodput"] = self.goodput(slo_ms)
@@ -108,20 +114,21 @@ async def run_async(url: str, rate: float, n: int, payload: Callable[[int], byte
     limits = httpx.Limits(max_connections=4096, max_keepalive_connections=4096)
     async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
         before = (await client.get(base + "/metrics")).json()["batch_sizes"] if metrics else {}
-        tasks, t0 = [], time.perf_counter()
+        tasks, lag, t0 = [], [], time.perf_counter()
         for i, t in enumerate(when):
             if t > max_s:
                 break
             delay = t - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
+            lag.append(max(0.0, (time.perf_counter() - t0 - t) * 1e3))
             tasks.append(asyncio.ensure_future(_one(client, base + "/predict", bodies[i], timeout_s, out)))
         await asyncio.gather(*tasks)
         duration = time.perf_counter() - t0
         after = (await client.get(base + "/metrics")).json()["batch_sizes"] if metrics else {}
     formed = Counter({int(k): v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0})
     return LoadResult(rate, len(tasks), duration, np.asarray(out["lat"]), out["rejected"], out["errors"],
-                      out["timeouts"], formed)
+                      out["timeouts"], formed, np.asarray(lag))
 
 
 def run(url: str, rate: float, n: int, payload: Callable[[int], bytes], **kwargs) -> LoadResult:

@@ -63,6 +63,7 @@ def test_open_loop_against_a_synthetic_server():
     # open loop: the sending span follows the Poisson schedule, not the server's answers
     assert 0.3 * 60 < r.throughput < 3 * 60
     assert r.batch_sizes == Counter({1: 40})
+    assert r.send_lag_ms.shape == (40,) and (r.send_lag_ms >= 0).all() and r.client_lag_ms < 1000
 
 
 def test_rejections_and_the_time_bound_are_counted():
