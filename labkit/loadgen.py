@@ -116,7 +116,7 @@ async def run_async(url: str, rate: float, n: int, payload: Callable[[int], byte
         before = (await client.get(base + "/metrics")).json()["batch_sizes"] if metrics else {}
         tasks, lag, t0 = [], [], time.perf_counter()
         for i, t in enumerate(when):
-            if t > max_s:
+            if t > max_s or time.perf_counter() - t0 > max_s:  # a client that falls behind stops on time too
                 break
             delay = t - (time.perf_counter() - t0)
             if delay > 0:
