@@ -3,8 +3,9 @@
 `score` is a pure function of what the grader measured. It gives zero when the warm-up (compilation)
 ran over budget, when the loss after N steps is off the baseline's by more than the tolerance, when
 the per-step losses do not follow the baseline's curve (work skipped on some steps), or when the
-grader's own evaluation of the trained weights disagrees with the losses the loop reported (outputs
-cached or made up rather than computed).
+grader's own evaluation of the trained weights disagrees with the baseline's (outputs cached or made
+up rather than computed), or when the trained model's outputs on held-out text are not the baseline
+model's (weights trained on other inputs: a good model, but not the one these inputs make).
 """
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from dataclasses import dataclass, field
 
 # speed-up over the baseline -> points (the highest threshold reached counts)
 THRESHOLDS: tuple[tuple[float, int], ...] = ((1.5, 1), (3.0, 2), (6.0, 3), (12.0, 4), (24.0, 5))
-LOSS_RTOL = 0.02       # loss after N steps, relative to the baseline's (bf16 rounding stays well inside it)
-CURVE_RTOL = 0.05      # each checked step's loss, relative (single steps are noisier than the mean)
-EVAL_RTOL = 0.02       # the grader's evaluation of the trained weights vs the baseline's
+LOSS_RTOL = 0.01       # loss after N steps, relative to the baseline's (train.LOW_RTOL: bf16 stays inside it)
+CURVE_RTOL = 0.03      # each checked step's loss, relative (single steps wander more than the mean)
+EVAL_RTOL = 0.01       # the grader's evaluation of the trained weights vs the baseline's
+OUTPUT_RTOL = 0.25     # the trained model's logits vs the baseline model's (relative L2), same held-out text
 WARMUP_BUDGET_S = 120.0
 
 
@@ -27,6 +29,7 @@ class Measured:
     losses: tuple[float, ...]        # the loss of each of the N steps, as the loop reported it
     eval_loss: float                 # the grader's own loss of the trained weights on held-out windows
     warmup_s: float = 0.0            # first step: compilation, autotuning
+    output_rel: float = 0.0          # relative L2 distance of its logits from the baseline model's, held-out text
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ def _rel(a: float, b: float) -> float:
 
 
 def score(m: Measured, baseline: Measured, loss_rtol: float = LOSS_RTOL, curve_rtol: float = CURVE_RTOL,
-          eval_rtol: float = EVAL_RTOL, warmup_budget_s: float = WARMUP_BUDGET_S, thresholds=THRESHOLDS) -> Score:
+          eval_rtol: float = EVAL_RTOL, output_rtol: float = OUTPUT_RTOL, warmup_budget_s: float = WARMUP_BUDGET_S, thresholds=THRESHOLDS) -> Score:
     """Points for `m` against the baseline loop measured on the same inputs (zero, with the reason, if wrong)."""
     speedup = m.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s > 0 else 0.0
     n = len(baseline.losses)
@@ -64,7 +67,7 @@ def score(m: Measured, baseline: Measured, loss_rtol: float = LOSS_RTOL, curve_r
 
     if len(m.losses) != n:
         return zero(f"reported {len(m.losses)} losses for {n} steps: every step must train and report its loss")
-    if not all(math.isfinite(x) for x in (*m.losses, m.eval_loss, m.tokens_per_s)):
+    if not all(math.isfinite(x) for x in (*m.losses, m.eval_loss, m.output_rel, m.tokens_per_s)):
         return zero("a loss or the speed is not a finite number")
     if m.warmup_s > warmup_budget_s:
         return zero(f"warm-up took {m.warmup_s:.0f} s, over the {warmup_budget_s:.0f} s budget")
@@ -83,6 +86,10 @@ def score(m: Measured, baseline: Measured, loss_rtol: float = LOSS_RTOL, curve_r
     if checks["eval_rel"] > eval_rtol:
         return zero(f"the trained weights score {m.eval_loss:.4f} on held-out text, the baseline's "
                     f"{baseline.eval_loss:.4f}: the reported losses were cached or made up, not trained")
+    checks["output_rel"] = m.output_rel
+    if m.output_rel > output_rtol:
+        return zero(f"the trained model's outputs are {m.output_rel:.0%} away from the baseline model's (tolerance "
+                    f"{output_rtol:.0%}): these weights were not trained from this start on these inputs")
     if m.tokens_per_s <= 0:
         return zero("no speed measured")
     pts = points_for(speedup, thresholds)

@@ -31,6 +31,7 @@ class RunConfig:
     seed: int = 0
     time_steps: int = 5       # training steps per timed sample
     rep_ms: float = 200.0     # timing budget per variant (labkit.bench), after the N steps
+    compile_backend: str = "inductor"  # "aot_eager" checks the traced graphs without generating code
 
     @property
     def tokens_per_step(self) -> int:
@@ -85,9 +86,10 @@ class Trainer:
         else:
             from labkit.kernels import TritonAdamW
             self.opt = TritonAdamW(params, lr=run.lr)
-        self.forward = self.model
+        self.forward = self.wrap(self.model)
         if variant.compile:
-            self.forward = torch.compile(self.model, mode=None if variant.compile == "default" else variant.compile)
+            self.forward = torch.compile(self.forward, mode=None if variant.compile == "default" else variant.compile,
+                                         backend=run.compile_backend)
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if variant.bf16 \
             else contextlib.nullcontext
         self.logged: list[float] = []  # the baseline's loss.item() per step
@@ -107,6 +109,10 @@ class Trainer:
                 Windows(corpus), batch_size=run.batch, shuffle=True, drop_last=True, pin_memory=pin,
                 generator=torch.Generator().manual_seed(run.seed))
             self.it = iter(self.loader)
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module the step calls (DistributedDataParallel wraps the model here)."""
+        return model
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.v.data == "device":
@@ -147,6 +153,15 @@ class Trainer:
         if self.v.sync_each_step:
             return self.logged[: self.run.steps]
         return self.loss_buf.tolist()
+
+
+FP32_RTOL = 1e-3   # same arithmetic, different order or place: the loss after N steps agrees to this
+LOW_RTOL = 1e-2    # TF32 and bf16 round matmul inputs to 10 and 7 mantissa bits: the loss wanders, not drifts
+
+
+def tolerance(v: Variant) -> float:
+    """Relative tolerance of a variant's loss after N steps against the baseline's."""
+    return LOW_RTOL if (v.tf32 or v.bf16) else FP32_RTOL
 
 
 def final_loss(losses: list[float]) -> float:
@@ -209,3 +224,65 @@ def run_variant(variant: Variant, run: RunConfig, device: torch.device | str, co
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return Result(variant.name, final_loss(losses), losses, med, p20, p80, peak, warmup_s,
                   trainer if keep else None)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, corpus: Corpus, device: torch.device | str, batch: int = 16) -> float:
+    """Mean loss of `model` on every window of `corpus`, in fp32 and eager (the grader's own check)."""
+    device = torch.device(device)
+    was = model.training
+    model.eval()
+    model = getattr(model, "_orig_mod", model)
+    total, n = 0.0, 0
+    ds = Windows(corpus)
+    for i in range(0, len(ds), batch):
+        xs, ys = zip(*(ds[j] for j in range(i, min(i + batch, len(ds)))))
+        x, y = torch.stack(xs).to(device), torch.stack(ys).to(device)
+        total += float(model(x, y)) * len(xs)
+        n += len(xs)
+    model.train(was)
+    return total / n
+
+
+@torch.no_grad()
+def output_distance(model: torch.nn.Module, reference: torch.nn.Module, corpus: Corpus,
+                    device: torch.device | str) -> float:
+    """Relative L2 distance of `model`'s logits from `reference`'s on every window of `corpus` (fp32, eager)."""
+    x = torch.stack([Windows(corpus)[i][0] for i in range(corpus.windows)]).to(device)
+    a, b = (getattr(m, "_orig_mod", m).eval()(x).float() for m in (model, reference))
+    model.train(), reference.train()
+    return float((a - b).norm() / b.norm())
+
+
+def measure(make_trainer, run: RunConfig, device: torch.device | str, held_out: Corpus | None = None,
+            reference: torch.nn.Module | None = None, keep: list | None = None):
+    """What the grader measures of a training loop: `make_trainer(run, corpus, device)` returns an object
+    with step() and losses() and a .model; N steps, the grader's own held-out loss (and the distance of the
+    model's outputs from `reference`, the baseline's trained model), then tokens/s. `keep` gets the trainer."""
+    from labkit.capstone.score import Measured
+
+    device = torch.device(device)
+    corpus = make_corpus(run.windows, run.model.seq, run.seed)
+    held_out = held_out or make_corpus(max(run.batch, run.windows // 4), run.model.seq, run.seed + 1)
+    trainer = make_trainer(run, corpus, device)
+    _sync(device)
+    t0 = time.perf_counter()
+    trainer.step()
+    _sync(device)
+    warmup_s = time.perf_counter() - t0
+    for _ in range(run.steps - 1):
+        trainer.step()
+    losses = tuple(float(x) for x in trainer.losses())
+    eval_loss = evaluate(trainer.model, held_out, device)  # before timing: the weights after exactly N steps
+    dist = output_distance(trainer.model, reference, held_out, device) if reference is not None else 0.0
+    if keep is not None:
+        import copy
+        keep.append(copy.deepcopy(getattr(trainer.model, "_orig_mod", trainer.model)))
+
+    def some_steps() -> None:
+        for _ in range(run.time_steps):
+            trainer.step()
+
+    t = bench(some_steps, warmup_ms=min(50.0, run.rep_ms / 4), rep_ms=run.rep_ms, min_reps=3, flush_cache=False,
+              device=device)
+    return Measured(run.time_steps * run.tokens_per_step * 1e3 / t.median_ms, losses, eval_loss, warmup_s, dist)
