@@ -191,7 +191,7 @@ def _sync(device: torch.device) -> None:
 
 
 def run_variant(variant: Variant, run: RunConfig, device: torch.device | str, corpus: Corpus | None = None,
-                time_it: bool = True, keep: bool = False) -> Result:
+                time_it: bool = True, keep: bool = False, trainer_cls: type = Trainer) -> Result:
     """Train N steps from the fixed start (the loss check), then time more steps with labkit.bench."""
     device = torch.device(device)
     corpus = corpus or make_corpus(run.windows, run.model.seq, run.seed)
@@ -200,7 +200,7 @@ def run_variant(variant: Variant, run: RunConfig, device: torch.device | str, co
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    trainer = Trainer(variant, run, corpus, device)
+    trainer = trainer_cls(variant, run, corpus, device)
     _sync(device)
     t0 = time.perf_counter()
     trainer.step()  # the first step pays for compilation and autotuning
