@@ -86,3 +86,10 @@ def test_gpu_only_variants_say_so_on_the_cpu():
 
 def test_final_loss_is_the_mean_of_the_last_tenth():
     assert final_loss([5.0] * 18 + [1.0, 3.0]) == 2.0 and final_loss([4.0]) == 4.0
+
+
+def test_ddp_over_two_cpu_processes_trains_the_baseline_model(baseline, tmp_path):
+    from labkit.capstone import ddp
+    out = ddp.launch(dataclasses.replace(RUN, compile_backend="inductor"), 2, tmp_path / "r.json", device="cpu")
+    assert out["world"] == 2 and len(out["losses"]) == RUN.steps
+    assert abs(out["loss"] - baseline.loss) / baseline.loss <= tolerance(variant("ddp"))

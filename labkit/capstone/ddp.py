@@ -1,7 +1,7 @@
 """The last step: DistributedDataParallel over every GPU, each rank training on its share of each batch.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 -m labkit.capstone.ddp --out r.json \\
-        --run '{"batch": 32, ...}' --variant ddp
+        --workload '{"batch": 32, ...}' --variant ddp
 
 Each rank takes an equal slice of the global batch, so the averaged gradient, and the loss after N
 steps, are the single-process run's (strong scaling). Timing: fixed step counts, a synchronize and the
@@ -53,7 +53,7 @@ def run_config(d: dict) -> RunConfig:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="labkit.capstone.ddp", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--run", required=True, help="the RunConfig as JSON (labkit.capstone.ddp.launch writes it)")
+    ap.add_argument("--workload", required=True, help="the RunConfig as JSON (labkit.capstone.ddp.launch writes it)")
     ap.add_argument("--variant", default="ddp")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     ap.add_argument("--repeats", type=int, default=5)
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     local = int(os.environ.get("LOCAL_RANK", 0))
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend, dev_type = choose("auto", args.device, int(os.environ.get("LOCAL_WORLD_SIZE", world)), gpus)
-    run = run_config(json.loads(args.run))
+    run = run_config(json.loads(args.workload))
     v = variant(args.variant)
     if run.batch % world:
         print(f"labkit.capstone.ddp: batch {run.batch} does not split over {world} ranks", file=sys.stderr)
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-        v = replace(v, compile="", data="device")  # the CPU check: eager, gloo
+        v = replace(v, compile="", ddp=False)  # the CPU check: eager, gloo
         dist.init_process_group(backend)
     try:
         corpus = make_corpus(run.windows, run.model.seq, run.seed)
@@ -121,7 +121,7 @@ def launch(run: RunConfig, nproc: int, out: Path, device: str = "auto", name: st
     """Run the DDP variant on `nproc` processes with torch.distributed.run; return rank 0's results."""
     root = Path(__file__).resolve().parent.parent.parent
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "labkit.capstone.ddp", "--out", str(out), "--run", json.dumps(asdict(run)), "--variant", name,
+           "-m", "labkit.capstone.ddp", "--out", str(out), "--workload", json.dumps(asdict(run)), "--variant", name,
            "--device", device]
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
