@@ -1,0 +1,109 @@
+"""The batcher without the wall clock: an event simulation of one model fed by an arrival trace.
+
+`simulate` runs the same policy as `labkit.batcher.Batcher` (one batch in flight, padded to a
+bucket, the model's time per batch taken from a measured curve), in milliseconds of simulated
+time; `estimate_latency` is a back-of-the-envelope queueing model to check both against.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from labkit.batcher import Policy, bucket_for, bucket_sizes, launch_delay
+
+
+def poisson_arrivals(rate_per_s: float, n: int, seed: int = 0) -> np.ndarray:
+    """Arrival times in seconds of n requests at `rate_per_s` on average (exponential gaps)."""
+    if rate_per_s <= 0 or n < 1:
+        raise ValueError(f"need a positive rate and at least one request, got rate={rate_per_s}, n={n}")
+    return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate_per_s, n))
+
+
+def curve(sizes, seconds) -> Callable[[int], float]:
+    """Time per batch (s) at any size, interpolated linearly between measured (size, seconds) points."""
+    xs, ys = np.asarray(sizes, float), np.asarray(seconds, float)
+    order = np.argsort(xs)
+    xs, ys = xs[order], ys[order]
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+    return lambda b: float(np.interp(b, xs, ys)) if b <= xs[-1] else float(ys[-1] + slope * (b - xs[-1]))
+
+
+@dataclass
+class SimResult:
+    """Each request's latency (s), each batch's size and launch time (s)."""
+
+    latencies: np.ndarray
+    batch_sizes: np.ndarray
+    launches: np.ndarray
+    busy_s: float
+    span_s: float
+
+    @property
+    def throughput(self) -> float:
+        return len(self.latencies) / self.span_s if self.span_s > 0 else math.nan
+
+    def pct_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies, q) * 1e3)
+
+    @property
+    def mean_ms(self) -> float:
+        return float(self.latencies.mean() * 1e3)
+
+    def histogram(self) -> Counter:
+        return Counter(self.batch_sizes.tolist())
+
+
+def simulate(arrivals: np.ndarray, batch_time: Callable[[int], float], max_batch: int, max_delay_s: float,
+             policy: Policy = launch_delay, buckets: tuple[int, ...] | None = None) -> SimResult:
+    """Serve `arrivals` (sorted seconds) with one model whose batch of b (padded to a bucket) takes batch_time(b)."""
+    arrivals = np.asarray(arrivals, float)
+    buckets = buckets or bucket_sizes(max_batch)
+    n = len(arrivals)
+    done = np.empty(n)
+    sizes, launches = [], []
+    head, nxt, now, busy = 0, 0, 0.0, 0.0  # queue = arrivals[head:nxt]; the model is free at `now`
+    while head < n:
+        if head == nxt:  # nothing waits: jump to the next arrival
+            now = max(now, arrivals[nxt])
+        while nxt < n and arrivals[nxt] <= now:
+            nxt += 1
+        wait = policy(nxt - head, now - arrivals[head], max_batch, max_delay_s)
+        if wait > 0 and now + wait > now:  # (a wait lost to rounding launches now)
+            now = min(now + wait, arrivals[nxt]) if nxt < n else now + wait
+            continue
+        k = min(max_batch, nxt - head)
+        t = batch_time(bucket_for(k, buckets))
+        launches.append(now)
+        sizes.append(k)
+        now += t
+        busy += t
+        done[head:head + k] = now
+        head += k
+    span = float(done.max() - arrivals[0]) if n else 0.0
+    return SimResult(done - arrivals, np.asarray(sizes), np.asarray(launches), busy, span)
+
+
+def estimate_latency(rate_per_s: float, max_delay_s: float, batch_time: Callable[[int], float],
+                     max_batch: int, buckets: tuple[int, ...] | None = None) -> tuple[float, float]:
+    """(mean latency s, mean batch size) from a simple model; latency inf when the model cannot keep up.
+
+    A batch gathers requests over a window W = max(delay, t(b)) (the delay after its first request,
+    or the previous batch's run when that is longer): b = min(B, 1 + rate * W), with t(b) at b's bucket.
+    The model is busy a fraction rho = rate * t(b) / b of the time: a request that finds it busy waits
+    half a run, one that finds it idle waits the delay (the first of a batch all of it, the rest half).
+    """
+    buckets = buckets or bucket_sizes(max_batch)
+    tb = lambda b: batch_time(bucket_for(min(max_batch, max(1, round(b))), buckets))  # noqa: E731
+    b = 1.0
+    for _ in range(200):  # fixed point of the batch size
+        b = min(float(max_batch), 1.0 + rate_per_s * max(max_delay_s, tb(b)))
+    t = tb(b)
+    busy = rate_per_s * t / b
+    if busy >= 1:
+        return math.inf, b
+    idle_wait = (max_delay_s + (b - 1) * max_delay_s / 2) / b
+    return busy * t / 2 + (1 - busy) * idle_wait + t, b

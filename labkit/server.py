@@ -1,0 +1,280 @@
+"""An HTTP inference server around the batcher: Starlette under uvicorn, on 127.0.0.1 only.
+
+    POST /predict  {"x": [d_in numbers]}  -> {"y": [d_out numbers]}   (4xx with a message on bad input,
+                                                                       503 when the queue is full)
+    GET  /metrics  queue depth, batch-size histogram, latency percentiles, counts
+    POST /config   {"max_batch": 8, "max_delay_ms": 2.0}  retune the batcher (and reset /metrics)
+
+`python -m labkit.server --device cuda ...` starts one (the OS picks a free port; it prints the URL);
+`launch(...)` does that from a notebook as a subprocess and stops it on exit, even on error.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import asyncio
+import contextlib
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from labkit.batcher import Batcher, Closed, QueueFull, Stats
+
+HOST = "127.0.0.1"
+READY = "labkit.server listening on "
+MAX_BODY = 1 << 20  # bytes
+
+
+def _error(status: int, message: str):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def parse_input(body: bytes, d_in: int) -> torch.Tensor | tuple[int, str]:
+    """The request's input as a float32 tensor [d_in], or (status, message) saying what is wrong."""
+    if len(body) > MAX_BODY:
+        return 413, f"request body is {len(body)} bytes; the limit is {MAX_BODY}"
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        return 400, f"the body is not valid JSON ({err}); send {{\"x\": [{d_in} numbers]}}"
+    if not isinstance(doc, dict) or "x" not in doc:
+        return 422, f"send a JSON object with key \"x\": a list of {d_in} numbers"
+    x = doc["x"]
+    if not isinstance(x, list):
+        return 422, f"\"x\" must be a list of {d_in} numbers, not {type(x).__name__}"
+    if len(x) != d_in:
+        return 422, f"\"x\" holds {len(x)} values; this model takes exactly {d_in}"
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x):
+        bad = next(v for v in x if not isinstance(v, (int, float)) or isinstance(v, bool))
+        return 422, f"\"x\" must hold only numbers; found {type(bad).__name__} {json.dumps(bad)[:40]}"
+    if not all(math.isfinite(v) for v in x):
+        return 422, "\"x\" holds NaN or infinity; send finite numbers"
+    return torch.tensor(x, dtype=torch.float32)
+
+
+async def _client_gone(request) -> None:
+    """Returns when the client disconnects (the body has been read, so the next message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def make_app(run_batch: Callable[[torch.Tensor], torch.Tensor], d_in: int, max_batch: int = 32,
+             max_delay_s: float = 0.002, max_queue: int = 1024, buckets: tuple[int, ...] | None = None,
+             on_ready: Callable[[], None] | None = None, threaded: bool = True):
+    """The Starlette app: a Batcher started and drained with the app's lifespan."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    batcher = Batcher(run_batch, max_batch=max_batch, max_delay_s=max_delay_s, max_queue=max_queue,
+                      buckets=buckets, threaded=threaded)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        batcher.start()
+        if on_ready:
+            on_ready()
+        try:
+            yield
+        finally:
+            await batcher.close(drain=True)
+            print(f"labkit.server drained: {batcher.stats.served} served, {batcher.stats.rejected} rejected", flush=True)
+
+    async def predict(request):
+        x = parse_input(await request.body(), d_in)
+        if isinstance(x, tuple):
+            return _error(*x)
+        work = asyncio.ensure_future(batcher.submit(x))
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not work.done():  # the client hung up: drop its request (not computed if still queued)
+            work.cancel()
+            return _error(499, "client closed the connection")
+        try:
+            y = work.result()
+        except (QueueFull, Closed) as err:
+            return JSONResponse({"error": str(err)}, status_code=503, headers={"Retry-After": "1"})
+        except Exception as err:  # the model failed: say so, keep serving
+            return _error(500, f"the model raised {type(err).__name__}: {err}")
+        return JSONResponse({"y": y.tolist()})
+
+    async def metrics(request):
+        snap = batcher.stats.snapshot()
+        snap.update(queue_depth=batcher.queue_depth, max_batch=batcher.max_batch,
+                    max_delay_ms=batcher.max_delay_s * 1e3, max_queue=batcher.max_queue)
+        return JSONResponse(snap)
+
+    async def config(request):
+        try:
+            doc = json.loads(await request.body())
+            max_b = int(doc.get("max_batch", batcher.max_batch))
+            delay = float(doc.get("max_delay_ms", batcher.max_delay_s * 1e3))
+            if not (1 <= max_b <= batcher.buckets[-1]) or not (0 <= delay < 10_000):
+                raise ValueError(f"max_batch must be in 1..{batcher.buckets[-1]} and max_delay_ms in [0, 10000)")
+        except (ValueError, TypeError, AttributeError, json.JSONDecodeError) as err:
+            return _error(422, f"send {{\"max_batch\": int, \"max_delay_ms\": float}}: {err}")
+        batcher.max_batch, batcher.max_delay_s = max_b, delay / 1e3
+        batcher.stats = Stats()
+        return JSONResponse({"max_batch": max_b, "max_delay_ms": delay})
+
+    app = Starlette(routes=[Route("/predict", predict, methods=["POST"]), Route("/metrics", metrics),
+                            Route("/config", config, methods=["POST"])], lifespan=lifespan)
+    app.state.batcher = batcher
+    return app
+
+
+def bound_socket() -> socket.socket:
+    """A socket on 127.0.0.1 at a port the OS picked."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((HOST, 0))
+    return sock
+
+
+def serve(app_factory: Callable[[Callable[[], None]], object], log_level: str = "warning") -> None:
+    """Run an app under uvicorn on a free loopback port; print READY + URL once it accepts requests."""
+    import uvicorn
+
+    sock = bound_socket()
+    url = f"http://{HOST}:{sock.getsockname()[1]}"
+    app = app_factory(lambda: print(READY + url, flush=True))
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=10,
+                                          backlog=4096, access_log=False))
+    server.run(sockets=[sock])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Serve labkit's model over HTTP on 127.0.0.1 (a free port).")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--d-in", type=int, default=64)
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--d-out", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-batch", type=int, default=32)
+    ap.add_argument("--max-delay-ms", type=float, default=2.0)
+    ap.add_argument("--max-queue", type=int, default=1024)
+    ap.add_argument("--graphs-upto", type=int, default=0, help="capture CUDA graphs for buckets up to this size")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--inline", action="store_true", help="run the model in the event loop, not a worker thread")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    args = ap.parse_args(argv)
+    from labkit.batcher import bucket_sizes
+    from labkit.servemodel import Runner, make_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sys.setswitchinterval(2e-4)  # the model thread gets the GIL back from the event loop within 0.2 ms, not 5
+    dtype = getattr(torch, args.dtype)
+    model = make_model(args.d_in, args.width, args.depth, args.d_out, args.seed, device=args.device)
+    buckets = bucket_sizes(args.max_batch)
+    runner = Runner(model, args.device, dtype, compile=args.compile,
+                    graphs=[b for b in buckets if b <= args.graphs_upto])
+    serve(lambda ready: make_app(runner, args.d_in, args.max_batch, args.max_delay_ms / 1e3, args.max_queue,
+                                 buckets, on_ready=ready, threaded=not args.inline))
+
+
+class ServerProcess:
+    """A running `python -m labkit.server` subprocess: `.url`, `.log()`; `.stop()` drains and ends it."""
+
+    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path):
+        self.proc, self.url, self.log_path = proc, url, log_path
+
+    final_log = ""
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else self.final_log
+
+    @property
+    def drained(self) -> bool:
+        """Whether the server finished its queued requests before it exited."""
+        return "labkit.server drained" in self.log()
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM (uvicorn drains in-flight requests, then exits by that signal), kill after `timeout_s`."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@contextlib.contextmanager
+def launch(*args: str, start_timeout_s: float = 120.0) -> Iterator[ServerProcess]:
+    """Start the server with command-line `args` (e.g. "--device", "cuda"), wait until it listens, stop it on exit."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               PYTHONUNBUFFERED="1")
+    log = Path(tempfile.mkstemp(prefix="labkit-server-", suffix=".log")[1])
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "labkit.server", *args], stdout=out,
+                                stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+    atexit.register(_kill, proc)  # a kernel that dies mid-cell still takes its server with it
+    srv = None
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while srv is None:
+            text = log.read_text(errors="replace")
+            if READY in text:
+                srv = ServerProcess(proc, text.split(READY, 1)[1].split()[0], log)
+            elif proc.poll() is not None:
+                raise RuntimeError(f"the server exited with code {proc.returncode} before listening:\n{text[-3000:]}")
+            elif time.monotonic() > deadline:
+                raise TimeoutError(f"the server did not listen within {start_timeout_s:g} s:\n{text[-3000:]}")
+            else:
+                time.sleep(0.05)
+        yield srv
+    finally:
+        srv = srv or ServerProcess(proc, "", log)
+        srv.stop()
+        srv.final_log = srv.log()
+        log.unlink(missing_ok=True)
+        atexit.unregister(_kill)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+
+
+def configure(url: str, max_batch: int, max_delay_ms: float) -> dict:
+    """Retune a running server's batcher (POST /config); its /metrics start afresh."""
+    import httpx
+
+    r = httpx.post(url.rstrip("/") + "/config", json={"max_batch": max_batch, "max_delay_ms": max_delay_ms},
+                   trust_env=False, timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def metrics(url: str) -> dict:
+    """A running server's /metrics."""
+    import httpx
+
+    r = httpx.get(url.rstrip("/") + "/metrics", trust_env=False, timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""The dynamic batcher's edge cases, its policy, buckets, and the simulator that shares the policy."""
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from labkit.batcher import Batcher, Closed, QueueFull, bucket_for, bucket_sizes, launch_delay, pad_to
+from labkit.batchsim import curve, estimate_latency, poisson_arrivals, simulate
+
+
+def run(coro, timeout=10):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+class Model:
+    """Doubles its input; records the batches it saw; can block until released, or raise."""
+
+    def __init__(self, fail=False):
+        self.seen, self.fail, self.gate = [], fail, threading.Event()
+        self.gate.set()
+
+    def __call__(self, x):
+        self.gate.wait(5)
+        self.seen.append(x.shape[0])
+        if self.fail:
+            raise RuntimeError("model exploded")
+        return 2 * x
+
+
+def test_policy_launches_when_full_or_when_the_oldest_waited_long_enough():
+    assert launch_delay(0, 0.0, 8, 0.01) == float("inf")
+    assert launch_delay(8, 0.0, 8, 0.01) == 0.0
+    assert launch_delay(9, 0.0, 8, 0.01) == 0.0
+    assert launch_delay(3, 0.004, 8, 0.01) == pytest.approx(0.006)
+    assert launch_delay(1, 0.02, 8, 0.01) == 0.0
+    assert launch_delay(1, 0.0, 8, 0.0) == 0.0
+
+
+def test_buckets_cover_every_size_and_padding_keeps_rows():
+    assert bucket_sizes(1) == (1,)
+    assert bucket_sizes(12) == (1, 2, 4, 8, 12)
+    sizes = bucket_sizes(32)
+    assert all(bucket_for(n, sizes) >= n for n in range(1, 33))
+    assert bucket_for(5, sizes) == 8
+    with pytest.raises(ValueError):
+        bucket_for(33, sizes)
+    x = torch.randn(3, 5)
+    p = pad_to(x, 4)
+    assert p.shape == (4, 5) and torch.equal(p[:3], x) and not p[3].any()
+
+
+def test_burst_larger_than_the_batch_is_split_and_every_caller_gets_its_own_row():
+    model = Model()
+
+    async def main():
+        b = Batcher(model, max_batch=4, max_delay_s=0.05)
+        b.start()
+        xs = [torch.full((3,), float(i)) for i in range(10)]
+        ys = await asyncio.gather(*(b.submit(x) for x in xs))
+        await b.close()
+        return xs, ys, b.stats
+
+    xs, ys, stats = run(main())
+    for x, y in zip(xs, ys):
+        assert torch.equal(y, 2 * x)
+    assert max(stats.batches) <= 4 and sum(k * v for k, v in stats.batches.items()) == 10
+    assert set(model.seen) <= set(bucket_sizes(4)), "batches are padded to a bucket"
+    assert stats.served == 10
+
+
+def test_a_lonely_request_waits_about_the_delay_then_runs_alone():
+    model = Model()
+
+    async def main():
+        b = Batcher(model, max_batch=8, max_delay_s=0.05)
+        b.start()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        y = await b.submit(torch.ones(2))
+        waited = loop.time() - t0
+        await b.close()
+        return y, waited, b.stats
+
+    y, waited, stats = run(main())
+    assert torch.equal(y, 2 * torch.ones(2))
+    assert 0.04 <= waited < 2.0
+    assert dict(stats.batches) == {1: 1}
+
+
+def test_a_cancelled_client_is_dropped_before_it_is_computed():
+    model = Model()
+
+    async def main():
+        b = Batcher(model, max_batch=8, max_delay_s=0.2)
+        b.start()
+        gone = asyncio.ensure_future(b.submit(torch.zeros(2)))
+        kept = asyncio.ensure_future(b.submit(torch.ones(2)))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        y = await kept
+        await b.close()
+        return gone, y, b.stats
+
+    gone, y, stats = run(main())
+    assert gone.cancelled() and torch.equal(y, 2 * torch.ones(2))
+    assert stats.dropped == 1 and stats.served == 1 and dict(stats.batches) == {1: 1}
+    assert model.seen == [1]
+
+
+def test_a_model_that_raises_fails_its_batch_and_the_batcher_keeps_serving():
+    model = Model(fail=True)
+
+    async def main():
+        b = Batcher(model, max_batch=4, max_delay_s=0.0)
+        b.start()
+        results = await asyncio.gather(b.submit(torch.ones(2)), b.submit(torch.ones(2)), return_exceptions=True)
+        model.fail = False
+        after = await b.submit(torch.ones(2))
+        await b.close()
+        return results, after, b.stats
+
+    results, after, stats = run(main())
+    assert all(isinstance(r, RuntimeError) and "exploded" in str(r) for r in results)
+    assert torch.equal(after, 2 * torch.ones(2)) and stats.failed == 2 and stats.served == 1
+
+
+def test_a_full_queue_rejects_with_a_clear_error():
+    model = Model()
+    model.gate.clear()  # the model blocks: requests pile up
+
+    async def main():
+        b = Batcher(model, max_batch=1, max_delay_s=0.0, max_queue=2)
+        b.start()
+        first = asyncio.ensure_future(b.submit(torch.ones(1)))
+        await asyncio.sleep(0.05)  # the first is running (blocked); the next two fill the queue
+        queued = [asyncio.ensure_future(b.submit(torch.ones(1))) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFull, match="retry later"):
+            await b.submit(torch.ones(1))
+        model.gate.set()
+        await asyncio.gather(first, *queued)
+        await b.close()
+        return b.stats
+
+    stats = run(main())
+    assert stats.rejected == 1 and stats.served == 3
+
+
+def test_shutdown_drains_requests_in_flight_and_refuses_new_ones():
+    model = Model()
+
+    async def main():
+        b = Batcher(model, max_batch=4, max_delay_s=5.0)  # a long delay: only the drain launches them
+        b.start()
+        pending = [asyncio.ensure_future(b.submit(torch.full((2,), float(i)))) for i in range(6)]
+        await asyncio.sleep(0.01)
+        closing = asyncio.ensure_future(b.close(drain=True))
+        await asyncio.sleep(0)
+        with pytest.raises(Closed):
+            await b.submit(torch.ones(2))
+        await closing
+        return [p.result() for p in pending], b.stats
+
+    ys, stats = run(main(), timeout=3)
+    assert [float(y[0]) for y in ys] == [2.0 * i for i in range(6)] and stats.served == 6
+
+
+def test_shutdown_without_drain_fails_queued_requests():
+    async def main():
+        b = Batcher(Model(), max_batch=4, max_delay_s=5.0)
+        b.start()
+        pending = asyncio.ensure_future(b.submit(torch.ones(2)))
+        await asyncio.sleep(0.01)
+        await b.close(drain=False)
+        return pending
+
+    with pytest.raises(Closed):
+        run(main(), timeout=3).result()
+
+
+def test_inline_batcher_gives_the_same_answers():
+    async def main():
+        b = Batcher(Model(), max_batch=4, max_delay_s=0.001, threaded=False)
+        b.start()
+        ys = await asyncio.gather(*(b.submit(torch.full((2,), float(i))) for i in range(7)))
+        await b.close()
+        return ys
+
+    assert [float(y[1]) for y in run(main())] == [2.0 * i for i in range(7)]
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="max_queue"):
+        Batcher(Model(), max_queue=0)
+    with pytest.raises(ValueError, match="max_delay_s"):
+        Batcher(Model(), max_delay_s=-1)
+    with pytest.raises(RuntimeError, match="start"):
+        run(Batcher(Model()).submit(torch.ones(1)))
+
+
+# --- the simulator (same policy, simulated clock) ---
+
+def test_simulation_answers_everyone_once_within_the_limits():
+    arr = poisson_arrivals(500.0, 2000, seed=1)
+    t = curve([1, 8, 32], [1e-3, 1.2e-3, 2e-3])
+    res = simulate(arr, t, max_batch=32, max_delay_s=0.002)
+    assert res.batch_sizes.sum() == len(arr) and res.batch_sizes.max() <= 32
+    assert (res.latencies > 0).all()
+    # no request waits past its delay by more than one batch's run (the model was busy)
+    starts = res.latencies - np.repeat([t(bucket_for(k, bucket_sizes(32))) for k in res.batch_sizes], res.batch_sizes)
+    assert starts.max() <= 0.002 + t(32) + 1e-9
+
+
+def test_simulation_matches_hand_worked_cases():
+    # two requests 1 ms apart, delay 5 ms, batch time 2 ms: one batch launched at 5 ms, done at 7 ms
+    res = simulate(np.array([0.0, 0.001]), lambda b: 0.002, max_batch=8, max_delay_s=0.005)
+    assert res.batch_sizes.tolist() == [2] and np.allclose(res.latencies, [0.007, 0.006])
+    # full batch launches at once
+    res = simulate(np.array([0.0, 0.0, 0.0]), lambda b: 0.001, max_batch=2, max_delay_s=1.0)
+    assert res.batch_sizes.tolist() == [2, 1] and np.allclose(res.latencies, [0.001, 0.001, 1.001])
+
+
+def test_queueing_estimate_is_close_to_the_simulation_and_says_when_it_cannot_keep_up():
+    t = curve([1, 64], [1e-3, 1.5e-3])
+    for rate, delay in [(200, 0.0), (200, 0.004), (2000, 0.0), (5000, 0.001)]:
+        est, _ = estimate_latency(rate, delay, t, 64)
+        sim = simulate(poisson_arrivals(rate, 4000, seed=2), t, 64, delay).mean_ms / 1e3
+        assert 0.7 < est / sim < 1.4, (rate, delay, est, sim)
+    assert estimate_latency(5000, 0.0, t, max_batch=1)[0] == float("inf")

@@ -1,0 +1,86 @@
+"""The open-loop load generator's statistics, against a synthetic server with a known service time."""
+import asyncio
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from labkit import loadgen
+from labkit.batchsim import poisson_arrivals
+from serving_util import serving
+
+SERVICE_S = 0.03
+
+
+def synthetic_app(reject_every: int = 0):
+    """Answers each request after SERVICE_S (requests overlap: no queue); every k-th gets a 503."""
+    seen = Counter()
+
+    async def predict(request):
+        seen["n"] += 1
+        await request.body()
+        if reject_every and seen["n"] % reject_every == 0:
+            return JSONResponse({"error": "full"}, status_code=503)
+        await asyncio.sleep(SERVICE_S)
+        return JSONResponse({"y": [1.0]})
+
+    async def metrics(request):
+        return JSONResponse({"batch_sizes": {"1": seen["n"]}})
+
+    return Starlette(routes=[Route("/predict", predict, methods=["POST"]), Route("/metrics", metrics)])
+
+
+def payload(i):
+    return json.dumps({"x": [i]}).encode()
+
+
+def test_statistics_of_a_known_result():
+    r = loadgen.LoadResult(rate=10, sent=5, duration_s=2.0, latencies_ms=np.array([10.0, 20, 30, 40]),
+                           rejected=1, batch_sizes=Counter({1: 2, 2: 1}))
+    assert r.ok == 4 and r.throughput == 2.0 and r.pct(50) == 25.0 and r.mean_ms == 25.0
+    assert r.goodput(20) == 1.0 and r.goodput(1000) == r.throughput and r.goodput(5) == 0.0
+    assert r.mean_batch == pytest.approx(4 / 3)
+    s = r.summary(slo_ms=20)
+    assert s["goodput"] == 1.0 and s["p99_ms"] > s["p90_ms"] > s["p50_ms"]
+
+
+def test_poisson_arrivals_have_the_asked_rate():
+    gaps = np.diff(poisson_arrivals(200.0, 20_000, seed=3))
+    assert gaps.mean() == pytest.approx(1 / 200, rel=0.03) and gaps.std() == pytest.approx(1 / 200, rel=0.05)
+    assert (gaps >= 0).all()
+
+
+def test_open_loop_against_a_synthetic_server():
+    with serving(synthetic_app()) as url:
+        r = loadgen.run(url, rate=60.0, n=40, payload=payload, max_s=5.0)
+    assert r.sent == 40 and r.ok == 40 and r.rejected == r.errors == r.timeouts == 0
+    assert r.pct(50) >= SERVICE_S * 1e3 and r.pct(99) >= r.pct(50)
+    assert r.goodput(slo_ms=1.0) == 0.0 and r.goodput(slo_ms=1e6) == pytest.approx(r.throughput)
+    # open loop: the sending span follows the Poisson schedule, not the server's answers
+    assert 0.3 * 60 < r.throughput < 3 * 60
+    assert r.batch_sizes == Counter({1: 40})
+    assert r.send_lag_ms.shape == (40,) and (r.send_lag_ms >= 0).all() and r.client_lag_ms < 1000
+
+
+def test_rejections_and_the_time_bound_are_counted():
+    with serving(synthetic_app(reject_every=4)) as url:
+        r = loadgen.run(url, rate=50.0, n=10_000, payload=payload, max_s=0.6)
+    assert r.sent < 10_000, "stops sending after max_s"
+    assert r.rejected >= 1 and r.ok + r.rejected == r.sent
+
+
+def test_client_timeouts_are_counted_not_raised():
+    with serving(synthetic_app()) as url:
+        r = loadgen.run(url, rate=50.0, n=5, payload=payload, timeout_s=SERVICE_S / 10, metrics=False)
+    assert r.timeouts == 5 and r.ok == 0 and np.isnan(r.pct(50))
+
+
+def test_only_loopback_targets_are_allowed():
+    with pytest.raises(ValueError, match="127.0.0.1"):
+        loadgen.run("http://example.com:80", rate=1.0, n=1, payload=payload)
+    with pytest.raises(ValueError, match="rate"):
+        loadgen.run("http://127.0.0.1:1", rate=0.0, n=1, payload=payload)
