@@ -1,0 +1,95 @@
+"""The capstone's training loops: same batches, same function when padded, every variant's loss = the baseline's."""
+import dataclasses
+
+import pytest
+import torch
+
+from labkit.capstone import GPT, GPTConfig, RunConfig, Trainer, make_corpus, run_variant, variant, VARIANTS
+from labkit.capstone.data import Windows, order
+from labkit.capstone.train import final_loss, tolerance
+
+SEQ, WINDOWS = 16, 16
+CORPUS = make_corpus(WINDOWS, SEQ)
+CFG = GPTConfig(vocab=CORPUS.vocab, seq=SEQ, d_model=32, heads=2, layers=1)
+RUN = RunConfig(CFG, batch=4, steps=8, windows=WINDOWS, compile_backend="aot_eager")
+
+
+def on_cpu(name: str):
+    """The variant as it can run here: CUDA graphs become plain compile (traced by aot_eager)."""
+    v = variant(name)
+    return dataclasses.replace(v, compile="default") if v.compile == "reduce-overhead" else v
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    return run_variant(variant("baseline"), RUN, "cpu", CORPUS, time_it=False)
+
+
+def test_corpus_is_generated_the_same_and_decodes():
+    again = make_corpus(WINDOWS, SEQ)
+    assert torch.equal(again.tokens, CORPUS.tokens) and CORPUS.tokens.numel() == WINDOWS * SEQ + 1
+    assert CORPUS.decode(CORPUS.tokens[:40]).strip() and 20 < CORPUS.vocab < 128
+    with pytest.raises(ValueError, match="windows and seq"):
+        make_corpus(0, SEQ)
+
+
+def test_device_batches_are_the_loaders_batches():
+    a = Trainer(variant("baseline"), RUN, CORPUS, "cpu")
+    b = Trainer(variant("device_data"), RUN, CORPUS, "cpu")
+    for _ in range(3 * WINDOWS // RUN.batch):  # three epochs
+        (xa, ya), (xb, yb) = a.next_batch(), b.next_batch()
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+        assert torch.equal(xa[:, 1:], ya[:, :-1])
+    assert order(WINDOWS, 2, RUN.batch, 0).shape == (2, RUN.batch)
+
+
+def test_padding_computes_the_same_function_and_padding_stays_zero():
+    plain, padded = GPT(CFG, "naive", 1, seed=3).double(), GPT(CFG, "naive", 64, seed=3).double()
+    assert padded.head.weight.shape[0] == 64 and padded.blocks[0].fc.weight.shape[0] % 64 == 0
+    idx = torch.randint(0, CFG.vocab, (3, SEQ))
+    torch.testing.assert_close(padded(idx), plain(idx))
+    loss = padded(idx, torch.randint(0, CFG.vocab, (3, SEQ)))
+    loss.backward()
+    assert padded.head.weight.grad[CFG.vocab:].abs().max() == 0
+    assert padded.blocks[0].fc.weight.grad[CFG.hidden:].abs().max() == 0
+    assert padded.blocks[0].out.weight.grad[:, CFG.hidden:].abs().max() == 0
+
+
+def test_flops_count_by_hand():
+    c = GPTConfig(vocab=10, seq=8, d_model=4, heads=2, layers=1, ffn=6)
+    assert c.matmul_params() == 4 * 16 + 2 * 4 * 6 + 4 * 10
+    assert c.flops_per_token() == 6 * c.matmul_params() + 6 * 1 * 8 * 4
+
+
+@pytest.mark.parametrize("name", [n for n in VARIANTS if n not in ("baseline", "ddp")])
+def test_every_variant_trains_the_baseline_model(name, baseline):
+    v = on_cpu(name)
+    r = run_variant(v, RUN, "cpu", CORPUS, time_it=False)
+    assert len(r.losses) == RUN.steps and r.losses[0] == pytest.approx(baseline.losses[0], rel=1e-2)
+    rel = abs(r.loss - baseline.loss) / baseline.loss
+    assert rel <= tolerance(v), f"{name}: loss {r.loss} vs baseline {baseline.loss} ({rel:.2e} > {tolerance(v):g})"
+    assert r.loss < baseline.losses[0] - 0.1, "the model did not train"
+
+
+def test_a_step_that_changes_the_result_is_caught(baseline):
+    wrong = run_variant(variant("baseline"), dataclasses.replace(RUN, lr=RUN.lr / 4), "cpu", CORPUS, time_it=False)
+    assert abs(wrong.loss - baseline.loss) / baseline.loss > tolerance(variant("bf16"))
+
+
+def test_gpu_only_variants_say_so_on_the_cpu():
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        Trainer(variant("reduce_overhead"), RUN, CORPUS, "cpu")
+    assert variant("ddp").needs == "2 CUDA GPUs" and variant("baseline").needs == ""
+    with pytest.raises(ValueError, match="pick one of"):
+        variant("fastest")
+
+
+def test_final_loss_is_the_mean_of_the_last_tenth():
+    assert final_loss([5.0] * 18 + [1.0, 3.0]) == 2.0 and final_loss([4.0]) == 4.0
+
+
+def test_ddp_over_two_cpu_processes_trains_the_baseline_model(baseline, tmp_path):
+    from labkit.capstone import ddp
+    out = ddp.launch(dataclasses.replace(RUN, compile_backend="inductor"), 2, tmp_path / "r.json", device="cpu")
+    assert out["world"] == 2 and len(out["losses"]) == RUN.steps
+    assert abs(out["loss"] - baseline.loss) / baseline.loss <= tolerance(variant("ddp"))
