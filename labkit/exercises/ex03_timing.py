@@ -53,11 +53,9 @@ def prepare(device: str) -> None:
         calibrate_gpu_sleep()
 
 
-def call_median_ms(fn, args):
-    """fn is timed on a callable whose first `warmup` calls are slow and one timed call is an outlier."""
-    device = torch.device(args.get("device", "cpu"))
-    ms, warmup, reps = float(args["ms"]), int(args["warmup"]), int(args["reps"])
-    slow_calls = set(range(warmup)) | {warmup + int(args["outlier_at"])}
+def _time_one(fn, device: torch.device, ms: float, warmup: int, reps: int, outlier_at: int) -> tuple:
+    """(what fn returned, how often it called the workload) for a workload of `ms`."""
+    slow_calls = set(range(warmup)) | {warmup + outlier_at}
     calls = [0]
     if device.type == "cuda":
         per_ms = calibrate_gpu_sleep(ms)
@@ -73,14 +71,34 @@ def call_median_ms(fn, args):
     out = fn(work, device, warmup=warmup, reps=reps)
     if isinstance(out, torch.Tensor) and out.numel() == 1:
         out = out.item()
-    return {"median (ms)": snapshot(out), "calls of fn": calls[0]}
+    return snapshot(out), calls[0]
 
 
-def median_ms_case(about: str, device: str, ms: float, warmup: int, reps: int, outlier_at: int) -> dict:
-    """A function of `ms` on `device`, 10x slower on its warm-up calls and on timed call `outlier_at`."""
+def call_median_ms(fn, args):
+    """fn times a callable whose first `warmup` calls are slow and one timed call is an outlier.
+
+    `args["ms"]` is one duration, or a list of very different ones (then fn runs once per duration,
+    so no constant answer fits them all).
+    """
+    device = torch.device(args.get("device", "cpu"))
+    warmup, reps, outlier = int(args["warmup"]), int(args["reps"]), int(args["outlier_at"])
+    if isinstance(args["ms"], (list, tuple)):
+        runs = [_time_one(fn, device, float(ms), warmup, reps, outlier) for ms in args["ms"]]
+        return {"median (ms)": [r[0] for r in runs], "calls of fn": [r[1] for r in runs]}
+    got, calls = _time_one(fn, device, float(args["ms"]), warmup, reps, outlier)
+    return {"median (ms)": got, "calls of fn": calls}
+
+
+def median_ms_case(about: str, device: str, ms: float | list[float], warmup: int, reps: int, outlier_at: int) -> dict:
+    """A function of `ms` (or of each duration in a list) on `device`, 10x slower on its warm-up calls
+    and on timed call `outlier_at`."""
+    many = isinstance(ms, (list, tuple))
     return {"about": about,
-            "args": {"device": device, "ms": ms, "warmup": warmup, "reps": reps, "outlier_at": outlier_at},
-            "expected": {"median (ms)": ms, "calls of fn": warmup + reps}, "rtol": 0.3, "atol": 0.5}
+            "args": {"device": device, "ms": list(ms) if many else ms, "warmup": warmup, "reps": reps,
+                     "outlier_at": outlier_at},
+            "expected": {"median (ms)": [float(m) for m in ms] if many else ms,
+                         "calls of fn": [warmup + reps] * len(ms) if many else warmup + reps},
+            "rtol": 0.3, "atol": 0.5}
 
 
 def visible_median_ms() -> list[dict]:
