@@ -27,7 +27,7 @@ SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys"
           "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/passwd", "/etc/group",
           "/etc/nsswitch.conf", "/etc/localtime")
 IN, OUT, SCRATCH = "/grader/in", "/grader/out", "/tmp/scratch"
-SCRATCH_DIRS = ("cwd", "home", "cache", "triton", "ext", "build")
+SCRATCH_DIRS = ("cwd", "home", "tmp", "cache", "triton", "ext", "build")
 NOBODY = "65534"
 
 
@@ -47,6 +47,11 @@ def _python_paths() -> list[str]:
     return [os.path.realpath(p) for p in paths if os.path.isdir(p)]
 
 
+def system_links() -> list[tuple[str, str]]:
+    """(target, path) of the top-level system links (/bin -> usr/bin on merged-/usr systems), made again inside."""
+    return [(os.readlink(p), p) for p in SYSTEM if p.count("/") == 1 and os.path.islink(p)]
+
+
 def read_only_paths(protected: list[Path], extra: list[str] = ()) -> list[str]:
     """The host paths bound read-only: system, Python, labkit; none may hold a protected path."""
     prot = [os.path.realpath(p) for p in protected]
@@ -55,7 +60,8 @@ def read_only_paths(protected: list[Path], extra: list[str] = ()) -> list[str]:
         if _inside(package, p):
             raise SandboxError(f"{p} holds the labkit package itself, which the students' processes must read: "
                                f"put submissions and --out in folders of their own")
-    wanted = [p for p in SYSTEM if os.path.lexists(p)] + _python_paths() + [package] + list(extra)
+    links = {p for _, p in system_links()}
+    wanted = [p for p in SYSTEM if os.path.lexists(p) and p not in links] + _python_paths() + [package] + list(extra)
     chosen: list[str] = []
     for p in wanted:
         real = os.path.realpath(p) if not p.startswith("/etc/") else p
@@ -79,6 +85,7 @@ class Bwrap:
 
     exe: str
     read_only: list[str]
+    links: list[tuple[str, str]] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
     tmp_mb: int = 1024
     shm_mb: int = 64
@@ -93,6 +100,8 @@ class Bwrap:
             args.append("--disable-userns")  # no nested namespaces: less kernel surface
         for p in self.read_only:
             args += ["--ro-bind", p, p]
+        for target, p in self.links:
+            args += ["--symlink", target, p]
         for d in self.devices:
             args += ["--dev-bind-try", d, d]
         for size, mount in ((self.shm_mb, "/dev/shm"), (self.tmp_mb, "/tmp")):
@@ -154,7 +163,7 @@ def make(protected: list[Path], gpu: bool, memory_mb: int, unsafe: bool) -> Bwra
     helptext = subprocess.run([exe, "--help"], capture_output=True, text=True).stdout
     features = tuple(f for f in ("--disable-userns", "--size") if f in helptext)
     extra = [p for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if p and os.path.isdir(p)]
-    box = Bwrap(exe, read_only_paths(protected, extra), gpu_devices() if gpu else [],
+    box = Bwrap(exe, read_only_paths(protected, extra), system_links(), gpu_devices() if gpu else [],
                 tmp_mb=max(256, min(memory_mb // 2, 8192)), features=features)
     box.probe()
     return box

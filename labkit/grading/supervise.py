@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ class Limits:
 
 def child_env(limits: Limits, scratch: Path, device: str, cuda_visible: str | None) -> dict[str, str]:
     """A small, known environment: labkit importable, caches and HOME in the student's scratch folder."""
-    keep = ("PATH", "LANG", "LC_ALL", "TMPDIR", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "CC", "CXX", "TERM",
+    keep = ("PATH", "LANG", "LC_ALL", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "CC", "CXX", "TERM",
             "USER", "LOGNAME", "TRITON_PTXAS_PATH", "TRITON_LIBCUDA_PATH")
     env = {k: v for k, v in os.environ.items() if k in keep}
     pythonpath = [str(COURSE_ROOT)]
@@ -34,6 +33,7 @@ def child_env(limits: Limits, scratch: Path, device: str, cuda_visible: str | No
     env.update({
         "PYTHONPATH": os.pathsep.join(pythonpath), "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", "HOME": str(scratch / "home"),
+        "TMPDIR": str(scratch / "tmp"),
         "LABKIT_QUICK": "1", "LABKIT_DEVICE": device, "LABKIT_CACHE": str(scratch / "cache"),
         "TRITON_CACHE_DIR": str(scratch / "triton"), "TORCH_EXTENSIONS_DIR": str(scratch / "ext"),
         "OMP_NUM_THREADS": str(limits.threads), "MKL_NUM_THREADS": str(limits.threads), "MALLOC_ARENA_MAX": "2",
