@@ -120,6 +120,11 @@ class Bwrap:
     def scratch_for(self, work: Path) -> Path:
         return self.scratch
 
+    @staticmethod
+    def exit_code(rc: int) -> int:
+        """bwrap exits with 128 + N when the process inside was killed by signal N: as Popen would say it."""
+        return -(rc - 128) if 128 < rc < 128 + 65 else rc
+
     def probe(self) -> None:
         """Run `python -c pass` in the sandbox; SandboxError with bwrap's own words if it cannot."""
         with tempfile.TemporaryDirectory(prefix="labkit-probe-") as d:
@@ -145,6 +150,10 @@ class NoSandbox:
 
     def command(self, module: str, in_dir: Path, out_dir: Path, env: dict, work: Path) -> tuple[list[str], str]:
         return [sys.executable, "-m", module, str(in_dir), str(out_dir)], str(work / "scratch" / "cwd")
+
+    @staticmethod
+    def exit_code(rc: int) -> int:
+        return rc
 
     def scratch_for(self, work: Path) -> Path:
         for sub in SCRATCH_DIRS:

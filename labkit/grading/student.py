@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labkit.grading import supervise
+from labkit.grading import seal, supervise
 from labkit.grading.judge import NEEDS_GPU, Outcome, judge, load_results
 from labkit.grading.report import StudentReport
 from labkit.grading.specs import FnSpec
@@ -79,10 +79,11 @@ def _plan(ctx: Context, report: StudentReport, paths: list[Path]) -> list[dict]:
 
 
 def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device: str,
-                   report: StudentReport) -> tuple[dict[str, Path], dict[str, str]]:
-    """Run the notebooks in a child, again after a death for what is left; (results files, why some have none)."""
+                   report: StudentReport) -> tuple[dict[str, tuple], dict[str, str]]:
+    """Run the notebooks in a child, again after a death for what is left; ((results file, key, seal) per
+    function, why some have none)."""
     by_name = {s.name: s for specs in ctx.specs.values() for s in specs}
-    results: dict[str, Path] = {}
+    results: dict[str, tuple] = {}
     died: dict[str, str] = {}  # function -> why it has no result
     remaining, launch = [j for j in jobs if j["functions"]], 0
     while remaining:
@@ -95,11 +96,14 @@ def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device
         cases = {fn: ([{"args": {}}] if by_name[fn].fn.stage else [{"args": c["args"]} for c in by_name[fn].cases])
                  for j in remaining for fn in j["functions"]}
         _write_job(run / "in", job, cases)
+        key = seal.new_key()
         events, killed, rc = supervise.launch(ctx.box, "labkit.grading.child", run, work, env, ctx.limits,
-                                              120 + ctx.timeout * len(remaining), ctx.timeout)
-        results.update({fn: run / "out" / f"{fn}.pt" for j in remaining for fn in j["functions"]})
+                                              120 + ctx.timeout * len(remaining), ctx.timeout, key)
         names = {j["name"] for j in remaining}
         events = [ev for ev in events if ev.get("nb") in names]  # the child's word, about what it was given only
+        asked = {fn for j in remaining for fn in j["functions"]}
+        results.update({ev["fn"]: (run / "out" / f"{ev['fn']}.pt", key, ev.get("seal")) for ev in events
+                        if ev.get("ev") == "fn_done" and ev.get("fn") in asked})
         done = {ev.get("nb") for ev in events if ev.get("ev") == "nb_done"}
         started = [ev.get("nb") for ev in events if ev.get("ev") == "nb_start"]
         for ev in events:
@@ -154,9 +158,11 @@ def _run_stage(ctx: Context, work: Path, spec: FnSpec, results: list, env: dict)
     _write_job(folder / "in", {"function": spec.name, "input": source,
                                "scratch": str(ctx.box.scratch_for(work) / "build")},
                [{"args": c["args"]} for c in spec.cases])
-    _, killed, rc = supervise.launch(ctx.box, "labkit.grading.stage", folder, work, env, ctx.limits,
-                                     ctx.timeout + 300, None)
-    results2, problem = load_results(folder / "out" / f"{spec.name}.pt")
+    key = seal.new_key()
+    events, killed, rc = supervise.launch(ctx.box, "labkit.grading.stage", folder, work, env, ctx.limits,
+                                          ctx.timeout + 300, None, key)
+    mac = next((ev.get("seal") for ev in events if ev.get("ev") == "fn_done" and ev.get("fn") == spec.name), None)
+    results2, problem = load_results(folder / "out" / f"{spec.name}.pt", key, mac)
     if results2 is None:
         why = problem or killed or f"the build/run process ended with code {rc}"
         tail = supervise.log_tail(folder / "log.txt", 8)
@@ -180,7 +186,7 @@ def grade_student(ctx: Context, index: int, sub: Submission) -> StudentReport:
         for nb in jobs:
             for fn in nb["functions"]:
                 spec = next(s for s in ctx.specs[nb["name"]] if s.name == fn)
-                results, problem = load_results(files[fn]) if fn in files else (None, None)
+                results, problem = load_results(*files[fn]) if fn in files else (None, None)
                 if results is None:
                     report.outcomes[fn] = judge(spec, None, problem or died.get(fn))
                 elif spec.fn.stage is not None:

@@ -86,11 +86,12 @@ def tree_rss_mb(root: int) -> float:
 
 
 def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, budget: float,
-           nb_timeout: float | None) -> tuple[list[dict], str | None, int | None]:
+           nb_timeout: float | None, key: str) -> tuple[list[dict], str | None, int | None]:
     """Run `python -m module IN OUT` in `box` under the limits; (its events, why it was killed, exit code).
 
     run/in is the job (written by the parent), run/out the only host folder the process can write,
-    run/log.txt its output. Events are read as they grow, never more than EVENTS_CAP bytes.
+    run/log.txt its output. Events are read as they grow, never more than EVENTS_CAP bytes. `key`
+    goes to the process on stdin (labkit.grading.seal).
     """
     out_dir = run / "out"
     out_dir.mkdir(parents=True)
@@ -99,8 +100,13 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
     reader = safeio.EventReader(events_path, cap=EVENTS_CAP)
     argv, cwd = box.command(module, run / "in", out_dir, env, work)
     with open(run / "log.txt", "xb") as logf:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=logf,
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=logf,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.stdin.write(key.encode())
+            proc.stdin.close()
+        except OSError:  # it died before reading: its exit code says why
+            pass
         started = time.monotonic()
         killed, nb_started, ticks = None, None, 0
         while proc.poll() is None:
@@ -126,7 +132,7 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        rc = proc.wait()
+        rc = box.exit_code(proc.wait())
     events = reader.drain()
     reader.close()
     return events, killed, rc
