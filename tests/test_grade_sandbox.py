@@ -66,9 +66,9 @@ def attacks(targets: dict[str, str]) -> str:
 import ctypes, os, signal, time, torch
 T = {targets!r}
 libc = ctypes.CDLL(None, use_errno=True)
-def attempt(f, *a):
+def attempt(f, *a, **k):
     try:
-        f(*a)
+        f(*a, **k)
     except BaseException:
         pass
 def write(p):
@@ -108,7 +108,7 @@ for entry in os.listdir('/proc'):
             attempt(libc.syscall, 62, int(entry), 9)
 # memory outside the limit: /dev/shm (bounded, private)
 attempt(lambda: open('/dev/shm/{MARK}', 'wb').write(b'x' * 2**20))
-print('attacks done')
+raise RuntimeError('attacks done')  # shows in the feedback: every attempt above ran
 """
 
 
@@ -147,6 +147,7 @@ torch.save({'cases': [Evil()]}, '/grader/out/attainable_tflops.pt')
 os.symlink('/etc/passwd', '/grader/out/matmul_flops_bytes.pt.tmp')
 os.mkfifo('/grader/out/fifo.pt')
 os.symlink('/grader', '/grader/out/loop')
+raise RuntimeError('planted')
 """
 
 
@@ -272,6 +273,8 @@ def test_no_hostile_submission_gains_a_point(hostile):
         assert rows[name]["total"] == "0", (name, rows[name], hostile["feedback"].get(name))
     assert rows["honest"]["total"] == rows["honest"]["out_of"] == "5", hostile["feedback"]["honest"]
     fb = hostile["feedback"]
+    assert "raised RuntimeError: attacks done" in fb["attacker"], fb["attacker"]
+    assert "raised RuntimeError: planted" in fb["planter"], fb["planter"]
     assert "not the ones the grader wrote" in fb["forger"] or "ended early" in fb["forger"], fb["forger"]
     assert "progress log" in fb["flooder"], fb["flooder"]
     assert "symbolic link" in rows["linker"]["notes"] and "symbolic link" in rows["graded_link"]["notes"]
@@ -336,7 +339,7 @@ def test_submissions_are_found_without_following_links(tmp_path):
 
 def test_shards_cover_everyone_once_and_merge_refuses_gaps_and_overlaps(tmp_path):
     def shard(k: int, n: int, students: list[str]) -> Path:
-        d = tmp_path / f"s{k}of{n}-{len(students)}"
+        d = tmp_path / f"s{k}of{n}-{'-'.join(students)}"
         d.mkdir()
         (d / "feedback").mkdir()
         rows = "".join(f"{s},{s},1,1,1,\n" for s in students)

@@ -116,8 +116,8 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
             if any(ev.get("ev") == "nb_start" for ev in reader.poll()):
                 nb_started = now
             if reader.flooded:
-                killed = (f"stopped: it wrote more than {EVENTS_CAP // 2**20} MB into the grader's progress log "
-                          f"(only the grader writes there)")
+                killed = (f"stopped: its progress log was flooded (more than {EVENTS_CAP // 2**20} MB; only the "
+                          f"grader writes there)")
             elif now - started > budget:
                 killed = f"timed out: the process ran past its {budget:.0f} s limit"
             elif nb_timeout is not None and nb_started is not None and now - nb_started > nb_timeout:
@@ -135,6 +135,8 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
         rc = box.exit_code(proc.wait())
     events = reader.drain()
     reader.close()
+    if reader.flooded and killed is None:
+        killed = f"its progress log was flooded (more than {EVENTS_CAP // 2**20} MB; only the grader writes there)"
     return events, killed, rc
 
 
