@@ -98,14 +98,14 @@ class Bwrap:
                 "--die-with-parent", "--new-session", "--hostname", "grader", "--proc", "/proc", "--dev", "/dev"]
         if "--disable-userns" in self.features:
             args.append("--disable-userns")  # no nested namespaces: less kernel surface
+        for size, mount in ((self.shm_mb, "/dev/shm"), (self.tmp_mb, "/tmp")):  # first: binds below /tmp stay
+            args += (["--size", str(size * 2**20)] if "--size" in self.features else []) + ["--tmpfs", mount]
         for p in self.read_only:
             args += ["--ro-bind", p, p]
         for target, p in self.links:
             args += ["--symlink", target, p]
         for d in self.devices:
             args += ["--dev-bind-try", d, d]
-        for size, mount in ((self.shm_mb, "/dev/shm"), (self.tmp_mb, "/tmp")):
-            args += (["--size", str(size * 2**20)] if "--size" in self.features else []) + ["--tmpfs", mount]
         for sub in SCRATCH_DIRS:
             args += ["--dir", f"{SCRATCH}/{sub}"]
         return args + ["--chdir", f"{SCRATCH}/cwd"]
