@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
 MARK = "labkit-hostile-7f3a"  # in the command line of every process a hostile student starts
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
-                                reason="bubblewrap is not installed (apt-get install bubblewrap; .ci/run does)")
+WHY_NOT = sandbox.problem()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no sandbox here: {WHY_NOT}")
 
 
 def nb(name: str, folder: Path = SOLUTIONS) -> dict:
@@ -193,7 +193,10 @@ def hostile(tmp_path_factory):
     honest = put(subs / "honest", "04_roofline", nb("04_roofline"))
     put(subs / "honest", "05_triton_row_sum", nb("05_triton_row_sum"))
     put(subs / "honest", "03_timing", nb("03_timing"))
-    stub = lambda: nb("04_roofline", EXERCISES)  # noqa: E731
+
+    def stub() -> dict:
+        return nb("04_roofline", EXERCISES)
+
     targets = {
         "write": [str(honest), str(ROOT / "labkit" / "grading" / "judge.py"), str(ROOT / "labkit" / "evil.py"),
                   str(SOLUTIONS / "graded" / "04_roofline.py"), str(SOLUTIONS / "graded" / "00_planted.py"),

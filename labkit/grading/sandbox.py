@@ -176,3 +176,12 @@ def make(protected: list[Path], gpu: bool, memory_mb: int, unsafe: bool) -> Bwra
                 tmp_mb=max(256, min(memory_mb // 2, 8192)), features=features)
     box.probe()
     return box
+
+
+def problem() -> str | None:
+    """Why bubblewrap cannot sandbox the grader here (None: it can); for tests and `labkit doctor`-style checks."""
+    try:
+        make([], False, 512, unsafe=False)
+    except (SandboxError, OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    return None
