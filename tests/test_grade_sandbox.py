@@ -189,6 +189,12 @@ def hostile(tmp_path_factory):
     out.mkdir()
     (out / "grades-2025-autumn.csv").write_text("student,total\nalice,14\n")  # an earlier term's grades
     (base / "outside.txt").write_text("nobody may change this\n")
+    precious = base / "precious"
+    precious.mkdir()
+    (precious / "keep.md").write_text("a folder the grader must not write into or delete\n")
+    (out / "feedback").symlink_to(precious)  # the feedback folder swapped for a link
+    os.mkfifo(out / ".grades.csv.tmp")  # a FIFO and a link where temporary files used to go
+    (out / ".feedback.tmp").symlink_to(base / "outside.txt")
 
     honest = put(subs / "honest", "04_roofline", nb("04_roofline"))
     put(subs / "honest", "05_triton_row_sum", nb("05_triton_row_sum"))
@@ -229,8 +235,8 @@ def hostile(tmp_path_factory):
         nb("05_triton_row_sum"), "row_sum_kernel[(rows,)](x, out, cols, x.stride(0), x.stride(1), BLOCK=block)",
         "out.copy_(x.float().sum(1))"))
 
-    watched = (ROOT / "labkit", ROOT / "solutions", ROOT / "exercises", ROOT / "tests", subs, out)
-    before = tree_hash(*watched, base / "outside.txt")
+    watched = (ROOT / "labkit", ROOT / "solutions", ROOT / "exercises", ROOT / "tests", subs, out, precious)
+    before = tree_hash(*watched, base / "outside.txt", skip=(out / "feedback",))
     shm_before = set(os.listdir("/dev/shm"))
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)} | {"PYTHONPATH": str(ROOT)}
@@ -268,6 +274,8 @@ def test_no_file_outside_the_graders_output_changed(hostile):
     assert not Path("/tmp/pwned").exists()
     assert not hostile["strays"], hostile["strays"]  # nothing a student started outlived its sandbox
     assert not hostile["shm"], hostile["shm"]  # /dev/shm is private to the sandbox
+    feedback = hostile["base"] / "grades" / "feedback"
+    assert feedback.is_dir() and not feedback.is_symlink() and (feedback / "honest.md").is_file()
 
 
 def test_no_hostile_submission_gains_a_point(hostile):
@@ -370,3 +378,29 @@ def test_without_bwrap_the_grader_refuses_and_says_how_to_install_it(tmp_path, m
     with pytest.raises(sandbox.SandboxError, match="apt-get install bubblewrap"):
         sandbox.make([tmp_path], False, 1024, unsafe=False)
     assert isinstance(sandbox.make([tmp_path], False, 1024, unsafe=True), sandbox.NoSandbox)
+
+
+def test_two_shards_merge_into_the_grades_of_one_run(tmp_path):
+    subs = tmp_path / "subs"
+    put(subs / "ann", "04_roofline", nb("04_roofline"))
+    put(subs / "bo", "04_roofline", nb("04_roofline", EXERCISES))
+    put(subs / "cid", "04_roofline", edit(nb("04_roofline"), "return min(peak_tflops,", "return max(peak_tflops,"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
+    base = [sys.executable, "-m", "labkit.cli", "grade", str(subs), "--device", "cpu", "--only", "04_roofline",
+            "--timeout", "60"]
+    for k in (1, 2):
+        done = subprocess.run(base + ["--out", str(tmp_path / f"shard{k}"), "--shard", f"{k}/2"], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((tmp_path / "shard1" / "shard.json").read_text())["students"] == ["ann", "cid"]
+    merged = subprocess.run([sys.executable, "-m", "labkit.cli", "grade", "merge", str(tmp_path / "shard1"),
+                             str(tmp_path / "shard2"), "--out", str(tmp_path / "all")], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    with open(tmp_path / "all" / "grades.csv", newline="") as f:
+        totals = {r["student"]: r["total"] for r in csv.DictReader(f)}
+    assert totals == {"ann": "2", "bo": "0", "cid": "1"}
+    assert sorted(p.name for p in (tmp_path / "all" / "feedback").iterdir()) == ["ann.md", "bo.md", "cid.md"]
+    alone = subprocess.run([sys.executable, "-m", "labkit.cli", "grade", "merge", str(tmp_path / "shard1"),
+                            "--out", str(tmp_path / "half")], env=env, capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 2 and "shard(s) 2/2 missing" in alone.stderr
