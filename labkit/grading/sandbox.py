@@ -125,21 +125,31 @@ class Bwrap:
         """bwrap exits with 128 + N when the process inside was killed by signal N: as Popen would say it."""
         return -(rc - 128) if 128 < rc < 128 + 65 else rc
 
-    def probe(self) -> None:
-        """Run `python -c pass` in the sandbox; SandboxError with bwrap's own words if it cannot."""
+    def probe(self, imports: bool = True) -> None:
+        """Start Python in the sandbox (importing torch and labkit when `imports`); SandboxError if it cannot."""
+        code = ("import torch, labkit; " if imports else "") + "open('/grader/out/ok', 'w').write('ok')"
+        pythonpath = os.pathsep.join([str(COURSE_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                            if p])
         with tempfile.TemporaryDirectory(prefix="labkit-probe-") as d:
             (Path(d) / "in").mkdir()
             (Path(d) / "out").mkdir()
-            args = self.base() + ["--ro-bind", f"{d}/in", IN, "--bind", f"{d}/out", OUT, "--",
-                                  sys.executable, "-c", "open('/grader/out/ok', 'w').write('ok')"]
-            run = subprocess.run(args, capture_output=True, text=True, timeout=60)
-            if run.returncode != 0 or not (Path(d) / "out" / "ok").exists():
-                raise SandboxError(
-                    f"bubblewrap ({self.exe}) cannot start a sandbox here: {(run.stderr or run.stdout).strip()[:300]}\n"
-                    "User namespaces may be restricted: see `sysctl kernel.unprivileged_userns_clone "
-                    "user.max_user_namespaces kernel.apparmor_restrict_unprivileged_userns` (Ubuntu 24.04 needs an "
-                    "AppArmor profile for bwrap, or run the grader as root), or grade inside a container "
-                    f"(README, 'For instructors'). {INSTALL.split('; ')[-1]}")
+            args = self.base() + ["--ro-bind", f"{d}/in", IN, "--bind", f"{d}/out", OUT, "--setenv", "PYTHONPATH",
+                                  pythonpath, "--setenv", "HOME", f"{SCRATCH}/home", "--",
+                                  sys.executable, "-c", code]
+            run = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+            if (Path(d) / "out" / "ok").exists():
+                return
+            said = (run.stderr or run.stdout).strip()
+        if said.startswith("bwrap:"):
+            raise SandboxError(
+                f"bubblewrap ({self.exe}) cannot start a sandbox here: {said[:300]}\n"
+                "User namespaces may be restricted: see `sysctl kernel.unprivileged_userns_clone "
+                "user.max_user_namespaces kernel.apparmor_restrict_unprivileged_userns` (Ubuntu 24.04 needs an "
+                "AppArmor profile for bwrap, or run the grader as root), or grade inside a container "
+                f"(README, 'For instructors'). {INSTALL.split('; ')[-1]}")
+        raise SandboxError(f"Python cannot import torch and labkit inside the sandbox ({said[-400:]}). It sees only "
+                           f"{', '.join(self.read_only)}: is a package installed inside the submissions, solutions "
+                           f"or output folder?")
 
 
 @dataclass
@@ -161,7 +171,7 @@ class NoSandbox:
         return work / "scratch"
 
 
-def make(protected: list[Path], gpu: bool, memory_mb: int, unsafe: bool) -> Bwrap | NoSandbox:
+def make(protected: list[Path], gpu: bool, memory_mb: int, unsafe: bool, imports: bool = True) -> Bwrap | NoSandbox:
     """The sandbox to grade in: bubblewrap, checked to work here; NoSandbox only when `unsafe`."""
     if unsafe:
         return NoSandbox()
@@ -169,19 +179,19 @@ def make(protected: list[Path], gpu: bool, memory_mb: int, unsafe: bool) -> Bwra
     if exe is None:
         raise SandboxError(f"bubblewrap (bwrap) is not installed, and the grader runs students' code only inside "
                            f"it: {INSTALL}")
-    helptext = subprocess.run([exe, "--help"], capture_output=True, text=True).stdout
+    helptext = subprocess.run([exe, "--help"], capture_output=True, text=True, check=False).stdout
     features = tuple(f for f in ("--disable-userns", "--size") if f in helptext)
     extra = [p for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if p and os.path.isdir(p)]
     box = Bwrap(exe, read_only_paths(protected, extra), system_links(), gpu_devices() if gpu else [],
                 tmp_mb=max(256, min(memory_mb // 2, 8192)), features=features)
-    box.probe()
+    box.probe(imports)
     return box
 
 
 def problem() -> str | None:
-    """Why bubblewrap cannot sandbox the grader here (None: it can); for tests and `labkit doctor`-style checks."""
+    """Why bubblewrap cannot sandbox the grader here (None: it can); a quick check, for tests and scripts."""
     try:
-        make([], False, 512, unsafe=False)
+        make([], False, 512, unsafe=False, imports=False)
     except (SandboxError, OSError, subprocess.SubprocessError) as exc:
         return str(exc)
     return None
