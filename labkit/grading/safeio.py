@@ -6,7 +6,6 @@ written into a folder the grader made itself (mkdtemp) and renamed into place.
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -55,17 +54,6 @@ def read_bytes(path: Path, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise UnsafeFile(f"{path.name} grew past {max_bytes // 2**20} MB while being read")
     return data
-
-
-def read_json(path: Path, max_bytes: int = MAX_NOTEBOOK_BYTES):
-    return json.loads(read_bytes(path, max_bytes).decode("utf-8"))
-
-
-def load_torch(path: Path, max_bytes: int):
-    """torch.load of a regular file as data only (weights_only: no pickled objects run)."""
-    import torch
-
-    return torch.load(io.BytesIO(read_bytes(path, max_bytes)), weights_only=True, map_location="cpu")
 
 
 def tail(path: Path, nbytes: int = 4000) -> str:
