@@ -1,12 +1,14 @@
 """Exercise 03, timing: `median_ms(fn, device, warmup, reps)` on a function of known duration."""
 from __future__ import annotations
 
+import statistics
 import time
+from typing import Any
 
 import torch
 
 from labkit.exercises.inputs import here
-from labkit.exercises.observe import snapshot
+from labkit.exercises.observe import compare, snapshot
 from labkit.exercises.spec import Function
 
 NOTEBOOK = "03_timing"
@@ -53,12 +55,14 @@ def prepare(device: str) -> None:
         calibrate_gpu_sleep()
 
 
-def call_median_ms(fn, args):
-    """fn is timed on a callable whose first `warmup` calls are slow and one timed call is an outlier."""
-    device = torch.device(args.get("device", "cpu"))
-    ms, warmup, reps = float(args["ms"]), int(args["warmup"]), int(args["reps"])
-    slow_calls = set(range(warmup)) | {warmup + int(args["outlier_at"])}
-    calls = [0]
+MEASURED = "the grader's own median of the timed calls (ms)"
+
+
+def _time_one(fn, device: torch.device, ms: float, warmup: int, reps: int, outlier_at: int) -> tuple:
+    """(what fn returned, how often it called the workload, the median the grader measured of the timed calls:
+    on a loaded CPU, sleeps run long)."""
+    slow_calls = set(range(warmup)) | {warmup + outlier_at}
+    calls, took = [0], []
     if device.type == "cuda":
         per_ms = calibrate_gpu_sleep(ms)
         sleep = _SLEEP
@@ -68,19 +72,63 @@ def call_median_ms(fn, args):
             calls[0] += 1
     else:
         def work():
+            t0 = time.perf_counter()
             time.sleep(ms * (10 if calls[0] in slow_calls else 1) / 1e3)
+            took.append((time.perf_counter() - t0) * 1e3)
             calls[0] += 1
     out = fn(work, device, warmup=warmup, reps=reps)
     if isinstance(out, torch.Tensor) and out.numel() == 1:
         out = out.item()
-    return {"median (ms)": snapshot(out), "calls of fn": calls[0]}
+    timed = took[warmup:warmup + reps]
+    return snapshot(out), calls[0], statistics.median(timed) if len(timed) == reps else None
 
 
-def median_ms_case(about: str, device: str, ms: float, warmup: int, reps: int, outlier_at: int) -> dict:
-    """A function of `ms` on `device`, 10x slower on its warm-up calls and on timed call `outlier_at`."""
+def call_median_ms(fn, args):
+    """fn times a callable whose first `warmup` calls are slow and one timed call is an outlier.
+
+    `args["ms"]` is one duration, or a list of very different ones (then fn runs once per duration,
+    so no constant answer fits them all).
+    """
+    device = torch.device(args.get("device", "cpu"))
+    warmup, reps, outlier = int(args["warmup"]), int(args["reps"]), int(args["outlier_at"])
+    if isinstance(args["ms"], (list, tuple)):
+        runs = [_time_one(fn, device, float(ms), warmup, reps, outlier) for ms in args["ms"]]
+        return {"median (ms)": [r[0] for r in runs], "calls of fn": [r[1] for r in runs],
+                MEASURED: [r[2] for r in runs]}
+    got, calls, measured = _time_one(fn, device, float(args["ms"]), warmup, reps, outlier)
+    return {"median (ms)": got, "calls of fn": calls, MEASURED: measured}
+
+
+def _expected_median(nominal: float, measured: Any) -> float:
+    """What the grader saw, when plausible (a sleep never ends early, and runs long only so much), else nominal."""
+    ok = isinstance(measured, (int, float)) and not isinstance(measured, bool)
+    return float(measured) if ok and nominal <= measured <= 1.5 * nominal + 2.0 else nominal
+
+
+def compare_median(expected: Any, got: Any, rtol: float = 0.0, atol: float = 0.0, **kwargs) -> list[str]:
+    """compare(), against the grader's own measurement of the same calls where it is plausible (CPU sleeps)."""
+    if isinstance(got, dict) and MEASURED in got and isinstance(expected, dict):
+        got, measured = {k: v for k, v in got.items() if k != MEASURED}, got[MEASURED]
+        nominal = expected["median (ms)"]
+        if isinstance(nominal, list):
+            measured = measured if isinstance(measured, list) and len(measured) == len(nominal) else [None] * len(nominal)
+            median = [_expected_median(n, m) for n, m in zip(nominal, measured)]
+        else:
+            median = _expected_median(nominal, measured)
+        expected = dict(expected, **{"median (ms)": median})
+    return compare(expected, got, rtol, atol, **kwargs)
+
+
+def median_ms_case(about: str, device: str, ms: float | list[float], warmup: int, reps: int, outlier_at: int) -> dict:
+    """A function of `ms` (or of each duration in a list) on `device`, 10x slower on its warm-up calls
+    and on timed call `outlier_at`."""
+    many = isinstance(ms, (list, tuple))
     return {"about": about,
-            "args": {"device": device, "ms": ms, "warmup": warmup, "reps": reps, "outlier_at": outlier_at},
-            "expected": {"median (ms)": ms, "calls of fn": warmup + reps}, "rtol": 0.3, "atol": 0.5}
+            "args": {"device": device, "ms": list(ms) if many else ms, "warmup": warmup, "reps": reps,
+                     "outlier_at": outlier_at},
+            "expected": {"median (ms)": [float(m) for m in ms] if many else ms,
+                         "calls of fn": [warmup + reps] * len(ms) if many else warmup + reps},
+            "rtol": 0.3, "atol": 0.5}
 
 
 def visible_median_ms() -> list[dict]:
@@ -89,4 +137,4 @@ def visible_median_ms() -> list[dict]:
                            dev, 3.0, 2, 5, 3)]
 
 
-FUNCTIONS = [Function("median_ms", call_median_ms, visible_median_ms, prepare=prepare)]
+FUNCTIONS = [Function("median_ms", call_median_ms, visible_median_ms, compare=compare_median, prepare=prepare)]

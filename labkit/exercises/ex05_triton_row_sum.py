@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from labkit.exercises import launches
 from labkit.exercises.inputs import here, view
 from labkit.exercises.observe import expect_tensor, snapshot
 from labkit.exercises.spec import Function
@@ -10,16 +11,26 @@ from labkit.exercises.spec import Function
 NOTEBOOK = "05_triton_row_sum"
 
 
+LAUNCHED = "a Triton kernel ran on x (or a copy of it)"
+
+
+def prepare(device: str) -> None:
+    """In the grading child, before student code: hook Triton's launches (they are observed, not trusted)."""
+    launches.install()
+
+
 def call_row_sum(fn, args):
     x = view(args["x"].to(torch.device(args.get("device", "cpu"))), args.get("view"))
-    return snapshot(fn(x))
+    with launches.record() as seen:
+        out = fn(x)
+    return {"row sums": snapshot(out), LAUNCHED: launches.touched(x, seen)}
 
 
 def row_sum_case(about: str, base: torch.Tensor, view_name: str | None, device: str, atol: float | None = None) -> dict:
     """row_sum of `view(base, view_name)` on `device`, against a float64 sum (atol grows with the row length)."""
     x = view(base, view_name)
     return {"about": about, "args": {"x": base, "view": view_name, "device": device},
-            "expected": expect_tensor(x.double().sum(1).float(), device),
+            "expected": {"row sums": expect_tensor(x.double().sum(1).float(), device), LAUNCHED: True},
             "rtol": 1e-4, "atol": 2e-5 * x.shape[1] if atol is None else atol}
 
 
@@ -30,4 +41,4 @@ def visible_row_sum() -> list[dict]:
     return [row_sum_case(f"x of shape (4, 37) float32 on {dev}", x, None, dev, atol=1e-4)]
 
 
-FUNCTIONS = [Function("row_sum", call_row_sum, visible_row_sum, requires_triton=True)]
+FUNCTIONS = [Function("row_sum", call_row_sum, visible_row_sum, prepare=prepare, requires_triton=True)]

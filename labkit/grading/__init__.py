@@ -1,7 +1,9 @@
 """`labkit grade`: the autograder, as a package. Each module has one job:
 
 specs (the hidden cases, joined to the public exercise modules), submissions (finding and reading
-notebooks), supervise (running a child under limits), child and stage (the processes that run
-student code, each a `python -m` entry point that reads a job folder and writes a results folder),
-student (grading one student), judge (comparing), report (grades.csv and feedback), cli.
+notebooks, without following links), sandbox (bubblewrap around every student process), supervise
+(running a process under limits), child and stage (the processes that run student code, each a
+`python -m` entry point that reads a job folder and writes a results folder), seal (results signed
+with a per-run key), safeio (the parent's file hygiene), student (grading one student), judge
+(comparing), report (grades.csv and feedback), merge (joining shards), cli.
 """

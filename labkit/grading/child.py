@@ -1,9 +1,10 @@
 """The grading child: `python -m labkit.grading.child IN OUT` runs one student's notebooks.
 
 IN (the parent's, read here as data): job.json (the notebooks' code cells, the functions to grade,
-limits) and cases.pt (each function's case arguments, never the expected results). OUT (the
-parent reads it): events.jsonl (progress, one JSON object per line) and <function>.pt (what each
-case returned, as plain data). Everything before `install_guard` happens before student code.
+limits) and cases.pt (each function's case arguments, never the expected results); stdin: the
+run's key (labkit.grading.seal). OUT (the parent reads it): events.jsonl (progress, one JSON object
+per line; `fn_done` carries the seal of the results) and <function>.pt (what each case returned, as
+plain data). Everything before `install_guard` happens before student code.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import types
 from pathlib import Path
 from typing import Any, Callable
 
+from labkit.grading import seal
 from labkit.grading.guard import install_guard
 
 
@@ -93,6 +95,7 @@ def _grade_function(ns: dict, name: str, call: Callable, todo: list[dict], timeo
 
 
 def main(in_dir: str, out_dir: str) -> None:
+    key = seal.read_key()
     job = json.loads((Path(in_dir) / "job.json").read_text())
     out = Path(out_dir)
     events_fd = os.open(out / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -153,13 +156,12 @@ def main(in_dir: str, out_dir: str) -> None:
             emit(ev="fn_start", nb=nb["name"], fn=name)
             todo = cases.get(name, [])
             results = _grade_function(ns, name, callers[name], todo, job["exercise_timeout"], describe)
-            tmp = out / f".{name}.tmp"
             try:
-                save({"cases": results}, tmp)
+                mac = seal.write(key, out_dir, name, {"cases": results}, save, replace)
             except BaseException as exc:
-                save({"cases": [{"error": f"its output could not be saved: {describe(exc, 0)}"}] * len(todo)}, tmp)
-            replace(tmp, out / f"{name}.pt")
-            emit(ev="fn_done", nb=nb["name"], fn=name)
+                mac = seal.write(key, out_dir, name, {"cases": [
+                    {"error": f"its output could not be saved: {describe(exc, 0)}"}] * len(todo)}, save, replace)
+            emit(ev="fn_done", nb=nb["name"], fn=name, seal=mac)
         emit(ev="nb_done", nb=nb["name"])
     sys.stdout.flush()
     os._exit(0)  # skip anything the student registered to run at exit

@@ -1,9 +1,11 @@
 """Judging in the parent: load a child's results as data only and compare them with the expected ones."""
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit.grading import safeio, seal
 from labkit.grading.specs import FnSpec
 
 NEEDS_GPU = "needs GPU"
@@ -18,16 +20,21 @@ class Outcome:
     messages: list[str] = field(default_factory=list)
 
 
-def load_results(path: Path) -> tuple[list | None, str | None]:
-    """A results file ({"cases": [...]}) read with weights_only, so it can hold data and nothing that runs."""
+def load_results(path: Path, key: str | None = None, mac: object = None) -> tuple[list | None, str | None]:
+    """A results file ({"cases": [...]}): a regular file (no link followed), size-capped, sealed with the
+    run's key when `key` is given, read with weights_only, so it can hold data and nothing that runs."""
     import torch
 
-    if not path.exists():
-        return None, None
-    if path.stat().st_size > MAX_RESULT_BYTES:
-        return None, "its results were too large to read"
     try:
-        data = torch.load(path, weights_only=True, map_location="cpu")
+        payload = safeio.read_bytes(path, MAX_RESULT_BYTES)
+    except FileNotFoundError:
+        return None, None
+    except safeio.UnsafeFile as exc:
+        return None, f"its results were refused: {exc}"
+    if key is not None and not seal.check(key.encode(), path.stem, payload, mac):
+        return None, "its results were refused: they are not the ones the grader wrote (changed or forged)"
+    try:
+        data = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
     except Exception as exc:
         return None, f"its results could not be read ({type(exc).__name__})"
     if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
@@ -40,6 +47,11 @@ def judge(spec: FnSpec, results: list | None, reason: str | None) -> Outcome:
     out = Outcome(spec.points)
     if results is None:
         out.status, out.messages = "failed", [reason or "no result (the function was never graded)"]
+        return out
+    if len(results) != len(spec.cases):  # checked against the cases the parent made
+        out.status = "failed"
+        out.messages = [f"its results do not match the cases it was given ({len(results)} results for "
+                        f"{len(spec.cases)} cases)"]
         return out
     passed, failures = 0, []
     for i, case in enumerate(spec.cases):

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import csv
-import os
+import io
+import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit.grading import safeio
 from labkit.grading.judge import NEEDS_GPU, Outcome
 from labkit.grading.specs import FnSpec
 
@@ -14,9 +17,11 @@ from labkit.grading.specs import FnSpec
 class StudentReport:
     student: str
     outcomes: dict[str, Outcome]
+    original: str = ""  # the folder or file name as submitted
     notes: list[str] = field(default_factory=list)
     incidents: list[str] = field(default_factory=list)  # time-outs and deaths: also in the CSV
     missing: list[str] = field(default_factory=list)  # graded notebooks not submitted
+    choices: list[str] = field(default_factory=list)  # files skipped, several notebooks for one exercise: in the CSV
     seconds: float = 0.0
 
 
@@ -24,31 +29,50 @@ def fmt_points(x: float) -> str:
     return f"{x:.2f}".rstrip("0").rstrip(".")
 
 
-def write_reports(out_dir: Path, reports: list[StudentReport], columns: list[FnSpec], device: str) -> None:
-    """grades.csv (one row per student) and feedback/<student>.md, each written atomically."""
-    (out_dir / "feedback").mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / ".grades.csv.tmp"
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["student"] + [s.name for s in columns] + ["total", "out_of", "notes"])
-        for r in sorted(reports, key=lambda r: r.student):
-            total, out_of, row = 0.0, 0.0, [r.student]
-            for s in columns:
-                o = r.outcomes[s.name]
-                if o.score is None:
-                    row.append(NEEDS_GPU)
-                else:
-                    row.append(fmt_points(o.score))
-                    total += o.score
-                    out_of += s.points
-            notes = "; ".join(r.incidents + [f"not submitted: {', '.join(r.missing)}"] * bool(r.missing))[:400]
-            w.writerow(row + [fmt_points(total), fmt_points(out_of), notes])
-    os.replace(tmp, out_dir / "grades.csv")
-    for r in reports:
-        path = out_dir / "feedback" / f"{r.student}.md"
-        tmp = path.with_suffix(".md.tmp")
-        tmp.write_text(feedback_markdown(r, columns, device), encoding="utf-8")
-        os.replace(tmp, path)
+def grades_csv(reports: list[StudentReport], columns: list[FnSpec]) -> str:
+    """grades.csv: one row per submission, its original name in `submission`."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["student", "submission"] + [s.name for s in columns] + ["total", "out_of", "notes"])
+    for r in sorted(reports, key=lambda r: r.student):
+        total, out_of, row = 0.0, 0.0, [r.student, r.original or r.student]
+        for s in columns:
+            o = r.outcomes[s.name]
+            if o.score is None:
+                row.append(NEEDS_GPU)
+            else:
+                row.append(fmt_points(o.score))
+                total += o.score
+                out_of += s.points
+        notes = "; ".join(r.incidents + r.choices + [f"not submitted: {', '.join(r.missing)}"] * bool(r.missing))
+        w.writerow(row + [fmt_points(total), fmt_points(out_of), notes[:600]])
+    return buf.getvalue()
+
+
+def write_reports(out_dir: Path, reports: list[StudentReport], columns: list[FnSpec], device: str,
+                  manifest: dict | None = None) -> None:
+    """grades.csv, feedback/<student>.md (and shard.json), written into a folder made for them, then moved
+    into `out_dir`, replacing what was there (links and FIFOs included) without following anything."""
+    files = {f"feedback/{r.student}.md": feedback_markdown(r, columns, device) for r in reports}
+    files["grades.csv"] = grades_csv(reports, columns)
+    if manifest is not None:
+        files["shard.json"] = json.dumps(manifest, indent=1)
+    publish(out_dir, files)
+
+
+def publish(out_dir: Path, files: dict[str, str]) -> None:
+    """Write `files` (relative name -> text; one level of folders) into out_dir through a staging folder."""
+    staging = safeio.staging_dir(out_dir)
+    try:
+        for name, text in files.items():
+            path = staging / name
+            path.parent.mkdir(exist_ok=True)
+            safeio.write_new(path, text)
+        tops = dict.fromkeys(name.split("/")[0] for name in files)
+        for top in sorted(tops, key=lambda t: t == "grades.csv"):  # grades.csv last: it says the run is complete
+            safeio.publish(staging / top, out_dir / top)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def feedback_markdown(r: StudentReport, columns: list[FnSpec], device: str) -> str:
@@ -75,6 +99,7 @@ def feedback_markdown(r: StudentReport, columns: list[FnSpec], device: str) -> s
         for s in problems:
             o = r.outcomes[s.name]
             lines += ["", f"### `{s.name}` ({s.notebook})"] + [f"- {m}" for m in o.messages or ["no result"]]
-    if r.incidents or r.notes:
-        lines += ["", "## Notes from running your notebooks"] + [f"- {n}" for n in (r.incidents + r.notes)[:40]]
+    if r.incidents or r.choices or r.notes:
+        lines += ["", "## Notes from running your notebooks"] + [
+            f"- {n}" for n in (r.incidents + r.choices + r.notes)[:40]]
     return "\n".join(lines) + "\n"

@@ -1,7 +1,8 @@
 """A second stage: `python -m labkit.grading.stage IN OUT` runs an exercise's Stage with no student Python.
 
 IN: job.json ({"function": name, "input": what the student's call returned, "scratch": a folder to
-build in}) and cases.pt (the case arguments). OUT: <function>.pt, one result per case.
+build in}) and cases.pt (the case arguments); stdin: the run's key. OUT: <function>.pt, one result
+per case, and its seal in events.jsonl (the student's C++ runs in this process once built).
 """
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import os
 import sys
 from pathlib import Path
 
+from labkit.grading import seal
+
 
 def main(in_dir: str, out_dir: str) -> None:
+    key = seal.read_key()
     import torch
 
     from labkit import exercises
@@ -20,7 +24,9 @@ def main(in_dir: str, out_dir: str) -> None:
     cases = torch.load(Path(in_dir) / "cases.pt", weights_only=True)
     stage = exercises.function(job["function"]).stage
     results = stage.run(job["input"], cases, Path(job["scratch"]))
-    torch.save({"cases": results}, Path(out_dir) / f"{job['function']}.pt")
+    mac = seal.write(key, out_dir, job["function"], {"cases": results}, torch.save, os.replace)
+    with open(Path(out_dir) / "events.jsonl", "a") as f:
+        f.write(json.dumps({"ev": "fn_done", "fn": job["function"], "seal": mac}) + "\n")
     sys.stdout.flush()
     os._exit(0)
 

@@ -1,7 +1,9 @@
 """Grading one student: run their notebooks in child processes (again after a crash), then judge.
 
-Per student, a work folder: scratch/ (the child's cwd, HOME and caches), run-N/{in,out} for each
-child launch, stage-<function>/{in,out} for a second stage. The parent writes only `in`, reads `out`.
+Per student, a work folder: run-N/{in,out} for each child launch, stage-<function>/{in,out} for a
+second stage. The parent writes only `in` and reads `out` as data (regular files, size-capped,
+torch.load with weights_only, results checked against the cases it made). The child's cwd, HOME and
+caches are a tmpfs inside the sandbox (scratch/ in the work folder with --unsafe-no-sandbox).
 """
 from __future__ import annotations
 
@@ -11,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labkit.grading import supervise
+from labkit.grading import seal, supervise
 from labkit.grading.judge import NEEDS_GPU, Outcome, judge, load_results
 from labkit.grading.report import StudentReport
 from labkit.grading.specs import FnSpec
-from labkit.grading.submissions import defines_triton_kernel, extract_code, match_notebooks
+from labkit.grading.submissions import Submission, defines_triton_kernel, extract_code, match_notebooks
 
 
 @dataclass
@@ -28,21 +30,24 @@ class Context:
     cuda_build: bool
     forbidden: list[str]
     workroot: Path
+    box: Any  # sandbox.Bwrap or sandbox.NoSandbox
+    released: dict[str, Path]  # the released exercise notebooks, to tell an edited notebook from the stub
     gpu_slots: Any = None  # queue of CUDA_VISIBLE_DEVICES values
 
 
 def _write_job(in_dir: Path, job: dict, cases: Any) -> None:
     import torch
 
-    in_dir.mkdir(parents=True, exist_ok=True)
+    in_dir.mkdir(parents=True)
     (in_dir / "job.json").write_text(json.dumps(job))
     torch.save(cases, in_dir / "cases.pt")
 
 
 def _plan(ctx: Context, report: StudentReport, paths: list[Path]) -> list[dict]:
     """The notebooks to run and the functions to grade in each; outcomes for what cannot be graded."""
-    matched, notes = match_notebooks(paths, list(ctx.specs))
-    report.notes += notes
+    matched, notes = match_notebooks(paths, list(ctx.specs), ctx.released)
+    report.choices += [n for n in notes if " notebooks for " in n]
+    report.notes += [n for n in notes if " notebooks for " not in n]
     jobs = []
     for nb, specs in ctx.specs.items():
         for s in specs:
@@ -74,10 +79,11 @@ def _plan(ctx: Context, report: StudentReport, paths: list[Path]) -> list[dict]:
 
 
 def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device: str,
-                   report: StudentReport) -> tuple[dict[str, Path], dict[str, str]]:
-    """Run the notebooks in a child, again after a death for what is left; (results files, why some have none)."""
+                   report: StudentReport) -> tuple[dict[str, tuple], dict[str, str]]:
+    """Run the notebooks in a child, again after a death for what is left; ((results file, key, seal) per
+    function, why some have none)."""
     by_name = {s.name: s for specs in ctx.specs.values() for s in specs}
-    results: dict[str, Path] = {}
+    results: dict[str, tuple] = {}
     died: dict[str, str] = {}  # function -> why it has no result
     remaining, launch = [j for j in jobs if j["functions"]], 0
     while remaining:
@@ -90,15 +96,18 @@ def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device
         cases = {fn: ([{"args": {}}] if by_name[fn].fn.stage else [{"args": c["args"]} for c in by_name[fn].cases])
                  for j in remaining for fn in j["functions"]}
         _write_job(run / "in", job, cases)
-        events, killed, rc = supervise.launch("labkit.grading.child", run / "in", run / "out", run / "log.txt",
-                                              work / "scratch" / "cwd", env, ctx.limits,
-                                              120 + ctx.timeout * len(remaining), ctx.timeout)
-        results.update({fn: run / "out" / f"{fn}.pt" for j in remaining for fn in j["functions"]
-                        if (run / "out" / f"{fn}.pt").exists()})
+        key = seal.new_key()
+        events, killed, rc = supervise.launch(ctx.box, "labkit.grading.child", run, work, env, ctx.limits,
+                                              120 + ctx.timeout * len(remaining), ctx.timeout, key)
+        names = {j["name"] for j in remaining}
+        events = [ev for ev in events if ev.get("nb") in names]  # the child's word, about what it was given only
+        asked = {fn for j in remaining for fn in j["functions"]}
+        results.update({ev["fn"]: (run / "out" / f"{ev['fn']}.pt", key, ev.get("seal")) for ev in events
+                        if ev.get("ev") == "fn_done" and ev.get("fn") in asked})
         done = {ev.get("nb") for ev in events if ev.get("ev") == "nb_done"}
         started = [ev.get("nb") for ev in events if ev.get("ev") == "nb_start"]
         for ev in events:
-            if ev.get("ev") == "cell_error" and ev.get("nb") in {j["name"] for j in remaining}:
+            if ev.get("ev") == "cell_error":
                 report.notes.append(f"{ev['nb']}: code cell {ev.get('cell')} {str(ev.get('error'))[:300]}")
         if all(j["name"] in done for j in remaining):
             break
@@ -146,11 +155,14 @@ def _run_stage(ctx: Context, work: Path, spec: FnSpec, results: list, env: dict)
     except ValueError as exc:
         return judge(spec, None, str(exc))
     folder = work / f"stage-{spec.name}"
-    _write_job(folder / "in", {"function": spec.name, "input": source, "scratch": str(folder / "scratch")},
+    _write_job(folder / "in", {"function": spec.name, "input": source,
+                               "scratch": str(ctx.box.scratch_for(work) / "build")},
                [{"args": c["args"]} for c in spec.cases])
-    _, killed, rc = supervise.launch("labkit.grading.stage", folder / "in", folder / "out", folder / "log.txt",
-                                     work / "scratch" / "cwd", env, ctx.limits, ctx.timeout + 300, None)
-    results2, problem = load_results(folder / "out" / f"{spec.name}.pt")
+    key = seal.new_key()
+    events, killed, rc = supervise.launch(ctx.box, "labkit.grading.stage", folder, work, env, ctx.limits,
+                                          ctx.timeout + 300, None, key)
+    mac = next((ev.get("seal") for ev in events if ev.get("ev") == "fn_done" and ev.get("fn") == spec.name), None)
+    results2, problem = load_results(folder / "out" / f"{spec.name}.pt", key, mac)
     if results2 is None:
         why = problem or killed or f"the build/run process ended with code {rc}"
         tail = supervise.log_tail(folder / "log.txt", 8)
@@ -158,23 +170,23 @@ def _run_stage(ctx: Context, work: Path, spec: FnSpec, results: list, env: dict)
     return judge(spec, results2, None)
 
 
-def grade_student(ctx: Context, index: int, student: str, paths: list[Path]) -> StudentReport:
+def grade_student(ctx: Context, index: int, sub: Submission) -> StudentReport:
     """Grade one student's notebooks in child processes; never raises for anything the student did."""
     t0 = time.monotonic()
-    report = StudentReport(student, {s.name: Outcome(s.points) for specs in ctx.specs.values() for s in specs})
+    report = StudentReport(sub.student, {s.name: Outcome(s.points) for specs in ctx.specs.values() for s in specs},
+                           original=sub.original, choices=list(sub.notes))
     work = ctx.workroot / f"{index:04d}"
-    for sub in ("cwd", "home", "cache", "triton", "ext"):
-        (work / "scratch" / sub).mkdir(parents=True, exist_ok=True)
-    jobs = _plan(ctx, report, paths)
+    work.mkdir()
+    jobs = _plan(ctx, report, sub.notebooks)
     cuda_visible = ctx.gpu_slots.get() if ctx.gpu_slots is not None else None
     try:
         device = "cuda" if ctx.gpu else "cpu"
-        env = supervise.child_env(ctx.limits, work / "scratch", device, cuda_visible)
+        env = supervise.child_env(ctx.limits, ctx.box.scratch_for(work), device, cuda_visible)
         files, died = _run_notebooks(ctx, work, jobs, env, device, report)
         for nb in jobs:
             for fn in nb["functions"]:
                 spec = next(s for s in ctx.specs[nb["name"]] if s.name == fn)
-                results, problem = load_results(files[fn]) if fn in files else (None, None)
+                results, problem = load_results(*files[fn]) if fn in files else (None, None)
                 if results is None:
                     report.outcomes[fn] = judge(spec, None, problem or died.get(fn))
                 elif spec.fn.stage is not None:

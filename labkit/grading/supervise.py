@@ -1,19 +1,19 @@
 """Running a grading process under limits: its environment, a wall-clock and memory watchdog, its events.
 
-A run is `python -m MODULE IN OUT` with IN holding what the parent wrote (job.json, cases.pt) and
-OUT what the process writes back (events.jsonl, results); both are folders the parent owns.
+A run is `python -m MODULE IN OUT` (inside the sandbox) with IN holding what the parent wrote
+(job.json, cases.pt) and OUT what the process writes back (events.jsonl, results); both are
+folders the parent made. The memory watchdog counts every process below the one it started.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit.grading import safeio
 from labkit.paths import COURSE_ROOT
 
 
@@ -25,7 +25,7 @@ class Limits:
 
 def child_env(limits: Limits, scratch: Path, device: str, cuda_visible: str | None) -> dict[str, str]:
     """A small, known environment: labkit importable, caches and HOME in the student's scratch folder."""
-    keep = ("PATH", "LANG", "LC_ALL", "TMPDIR", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "CC", "CXX", "TERM",
+    keep = ("PATH", "LANG", "LC_ALL", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "CC", "CXX", "TERM",
             "USER", "LOGNAME", "TRITON_PTXAS_PATH", "TRITON_LIBCUDA_PATH")
     env = {k: v for k, v in os.environ.items() if k in keep}
     pythonpath = [str(COURSE_ROOT)]
@@ -33,6 +33,7 @@ def child_env(limits: Limits, scratch: Path, device: str, cuda_visible: str | No
     env.update({
         "PYTHONPATH": os.pathsep.join(pythonpath), "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", "HOME": str(scratch / "home"),
+        "TMPDIR": str(scratch / "tmp"),
         "LABKIT_QUICK": "1", "LABKIT_DEVICE": device, "LABKIT_CACHE": str(scratch / "cache"),
         "TRITON_CACHE_DIR": str(scratch / "triton"), "TORCH_EXTENSIONS_DIR": str(scratch / "ext"),
         "OMP_NUM_THREADS": str(limits.threads), "MKL_NUM_THREADS": str(limits.threads), "MALLOC_ARENA_MAX": "2",
@@ -52,77 +53,94 @@ def signal_name(rc: int) -> str:
         return f"signal {-rc}"
 
 
-def _rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MAX_OUT_BYTES = 512 * 2**20  # results and events a run may leave in its out folder
+EVENTS_CAP = 4 * 2**20  # progress events read from one run, at most
 
 
-def read_events(path: Path) -> list[dict]:
-    """The JSON objects, one per line, a process wrote so far (a torn last line is skipped)."""
-    events = []
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return events
-    for line in text.splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
+def tree_rss_mb(root: int) -> float:
+    """Resident memory of `root` and every process below it (what a student started, sandboxed or not)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
             continue
-        if isinstance(ev, dict):
-            events.append(ev)
-    return events
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2:].split()
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        rss[pid] = int(fields[21])
+    total, todo, seen = 0, [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += rss.get(pid, 0)
+        todo += children.get(pid, [])
+    return total * PAGE / 2**20
 
 
-def launch(module: str, in_dir: Path, out_dir: Path, log: Path, cwd: Path, env: dict, limits: Limits,
-           budget: float, nb_timeout: float | None) -> tuple[list[dict], str | None, int | None]:
-    """Run `python -m module IN OUT` under the limits; (its events, why it was killed, exit code)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, budget: float,
+           nb_timeout: float | None, key: str) -> tuple[list[dict], str | None, int | None]:
+    """Run `python -m module IN OUT` in `box` under the limits; (its events, why it was killed, exit code).
+
+    run/in is the job (written by the parent), run/out the only host folder the process can write,
+    run/log.txt its output. Events are read as they grow, never more than EVENTS_CAP bytes. `key`
+    goes to the process on stdin (labkit.grading.seal).
+    """
+    out_dir = run / "out"
+    out_dir.mkdir(parents=True)
     events_path = out_dir / "events.jsonl"
-    with open(log, "wb") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", module, str(in_dir), str(out_dir)], cwd=cwd, env=env,
-                                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    os.close(os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    reader = safeio.EventReader(events_path, cap=EVENTS_CAP)
+    argv, cwd = box.command(module, run / "in", out_dir, env, work)
+    with open(run / "log.txt", "xb") as logf:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=logf,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.stdin.write(key.encode())
+            proc.stdin.close()
+        except OSError:  # it died before reading: its exit code says why
+            pass
         started = time.monotonic()
-        killed, nb_started, seen = None, None, 0
+        killed, nb_started, ticks = None, None, 0
         while proc.poll() is None:
             time.sleep(0.1)
+            ticks += 1
             now = time.monotonic()
-            if nb_timeout is not None:
-                events = read_events(events_path)
-                if len(events) > seen:
-                    if any(ev.get("ev") == "nb_start" for ev in events[seen:]):
-                        nb_started = now
-                    seen = len(events)
-            if now - started > budget:
+            if any(ev.get("ev") == "nb_start" for ev in reader.poll()):
+                nb_started = now
+            if reader.flooded:
+                killed = (f"stopped: its progress log was flooded (more than {EVENTS_CAP // 2**20} MB; only the "
+                          f"grader writes there)")
+            elif now - started > budget:
                 killed = f"timed out: the process ran past its {budget:.0f} s limit"
-            elif nb_started is not None and now - nb_started > nb_timeout:
+            elif nb_timeout is not None and nb_started is not None and now - nb_started > nb_timeout:
                 killed = f"timed out: the notebook ran past its {nb_timeout:g} s limit"
-            elif _rss_mb(proc.pid) > limits.memory_mb:
+            elif ticks % 3 == 0 and tree_rss_mb(proc.pid) > limits.memory_mb:
                 killed = f"ran out of memory: the process used more than {limits.memory_mb} MB and was stopped"
+            elif ticks % 10 == 0 and safeio.tree_bytes(out_dir) > MAX_OUT_BYTES:
+                killed = f"stopped: it wrote more than {MAX_OUT_BYTES // 2**20} MB into its results folder"
             if killed:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 break
-        rc = proc.wait()
-        try:  # anything it left behind in its process group
+        try:  # the process and its group; in bwrap, the whole PID namespace dies with it
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    return read_events(events_path), killed, rc
+        rc = box.exit_code(proc.wait())
+    events = reader.drain()
+    reader.close()
+    if reader.flooded and killed is None:
+        killed = f"its progress log was flooded (more than {EVENTS_CAP // 2**20} MB; only the grader writes there)"
+    return events, killed, rc
 
 
 def log_tail(log: Path, lines: int = 6) -> str:
-    try:
-        text = log.read_bytes()[-4000:].decode("utf-8", "replace")
-    except OSError:
-        return ""
+    """The last few non-empty lines of a run's output (the file's end only is read)."""
+    text = safeio.tail(log, 4000)
     return "\n".join([ln for ln in text.splitlines() if ln.strip()][-lines:])

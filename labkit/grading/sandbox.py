@@ -1,0 +1,197 @@
+"""The OS sandbox around every grading process: bubblewrap (`bwrap`), a well-kept Linux tool.
+
+Inside, the process sees the system (/usr, /lib, /sys), Python and the `labkit` package read-only,
+its job folder read-only at /grader/in and its results folder at /grader/out (the only host folder
+it can write), a private /tmp and /dev/shm (tmpfs of bounded size), no network, its own PID and
+user namespaces (it runs as `nobody`, cannot see or signal the grader, and dies with it). The
+solutions, the graded tests, other submissions, the output folder and the work folders of other
+students are not mounted at all. `NoSandbox` (--unsafe-no-sandbox) runs the same command bare.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labkit.paths import COURSE_ROOT
+
+INSTALL = ("install bubblewrap: `sudo apt-get install bubblewrap` (Debian, Ubuntu), `sudo dnf install bubblewrap` "
+           "(Fedora, RHEL), or grade inside a container (README, 'For instructors'); --unsafe-no-sandbox grades "
+           "without it, for submissions you trust")
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys", "/etc/ld.so.cache",
+          "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/passwd", "/etc/group",
+          "/etc/nsswitch.conf", "/etc/localtime")
+IN, OUT, SCRATCH = "/grader/in", "/grader/out", "/tmp/scratch"
+SCRATCH_DIRS = ("cwd", "home", "tmp", "cache", "triton", "ext", "build")
+NOBODY = "65534"
+
+
+class SandboxError(RuntimeError):
+    """The sandbox cannot be set up here; the message says why and what to do."""
+
+
+def _inside(p: str, root: str) -> bool:
+    return p == root or p.startswith(root.rstrip("/") + "/")
+
+
+def _python_paths() -> list[str]:
+    """Where Python, its standard library and its installed packages live (what the child imports)."""
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable))]
+    paths += [p for p in sys.path if p and os.path.isabs(p)]
+    return [os.path.realpath(p) for p in paths if os.path.isdir(p)]
+
+
+def system_links() -> list[tuple[str, str]]:
+    """(target, path) of the top-level system links (/bin -> usr/bin on merged-/usr systems), made again inside."""
+    return [(os.readlink(p), p) for p in SYSTEM if p.count("/") == 1 and os.path.islink(p)]
+
+
+def read_only_paths(protected: list[Path], extra: list[str] = ()) -> list[str]:
+    """The host paths bound read-only: system, Python, labkit; none may hold a protected path."""
+    prot = [os.path.realpath(p) for p in protected]
+    package = os.path.realpath(COURSE_ROOT / "labkit")
+    for p in prot:
+        if _inside(package, p):
+            raise SandboxError(f"{p} holds the labkit package itself, which the students' processes must read: "
+                               f"put submissions and --out in folders of their own")
+    links = {p for _, p in system_links()}
+    wanted = [p for p in SYSTEM if os.path.lexists(p) and p not in links] + _python_paths() + [package] + list(extra)
+    chosen: list[str] = []
+    for p in wanted:
+        real = os.path.realpath(p) if not p.startswith("/etc/") else p
+        if any(_inside(q, real) for q in prot):
+            if real in map(os.path.realpath, (sys.prefix, sys.base_prefix)):
+                raise SandboxError(f"Python lives in {real}, which holds {next(q for q in prot if _inside(q, real))}: "
+                                   f"move the submissions, solutions or --out folder out of it")
+            continue  # e.g. the course root on sys.path: only labkit/ inside it is bound
+        if not any(_inside(real, c) for c in chosen):
+            chosen = [c for c in chosen if not _inside(c, real)] + [real]
+    return chosen
+
+
+def gpu_devices() -> list[str]:
+    return sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dxg"))
+
+
+@dataclass
+class Bwrap:
+    """Runs `python -m MODULE /grader/in /grader/out` inside bubblewrap."""
+
+    exe: str
+    read_only: list[str]
+    links: list[tuple[str, str]] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    tmp_mb: int = 1024
+    shm_mb: int = 64
+    features: tuple[str, ...] = ()
+    scratch: Path = Path(SCRATCH)
+    name: str = "bubblewrap"
+
+    def base(self) -> list[str]:
+        args = [self.exe, "--unshare-all", "--unshare-user", "--uid", NOBODY, "--gid", NOBODY,
+                "--die-with-parent", "--new-session", "--hostname", "grader", "--proc", "/proc", "--dev", "/dev"]
+        if "--disable-userns" in self.features:
+            args.append("--disable-userns")  # no nested namespaces: less kernel surface
+        for size, mount in ((self.shm_mb, "/dev/shm"), (self.tmp_mb, "/tmp")):  # first: binds below /tmp stay
+            args += (["--size", str(size * 2**20)] if "--size" in self.features else []) + ["--tmpfs", mount]
+        for p in self.read_only:
+            args += ["--ro-bind", p, p]
+        for target, p in self.links:
+            args += ["--symlink", target, p]
+        for d in self.devices:
+            args += ["--dev-bind-try", d, d]
+        for sub in SCRATCH_DIRS:
+            args += ["--dir", f"{SCRATCH}/{sub}"]
+        return args + ["--chdir", f"{SCRATCH}/cwd"]
+
+    def command(self, module: str, in_dir: Path, out_dir: Path, env: dict, work: Path) -> tuple[list[str], str]:
+        """(argv, cwd) of a run; in_dir and out_dir are the parent's folders for it."""
+        args = self.base() + ["--ro-bind", str(in_dir), IN, "--bind", str(out_dir), OUT, "--clearenv"]
+        for k, v in env.items():
+            args += ["--setenv", k, v]
+        return args + ["--", sys.executable, "-m", module, IN, OUT], "/"
+
+    def scratch_for(self, work: Path) -> Path:
+        return self.scratch
+
+    @staticmethod
+    def exit_code(rc: int) -> int:
+        """bwrap exits with 128 + N when the process inside was killed by signal N: as Popen would say it."""
+        return -(rc - 128) if 128 < rc < 128 + 65 else rc
+
+    def probe(self, imports: bool = True) -> None:
+        """Start Python in the sandbox (importing torch and labkit when `imports`); SandboxError if it cannot."""
+        code = ("import torch, labkit; " if imports else "") + "open('/grader/out/ok', 'w').write('ok')"
+        pythonpath = os.pathsep.join([str(COURSE_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                            if p])
+        with tempfile.TemporaryDirectory(prefix="labkit-probe-") as d:
+            (Path(d) / "in").mkdir()
+            (Path(d) / "out").mkdir()
+            args = self.base() + ["--ro-bind", f"{d}/in", IN, "--bind", f"{d}/out", OUT, "--setenv", "PYTHONPATH",
+                                  pythonpath, "--setenv", "HOME", f"{SCRATCH}/home", "--",
+                                  sys.executable, "-c", code]
+            run = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+            if (Path(d) / "out" / "ok").exists():
+                return
+            said = (run.stderr or run.stdout).strip()
+        if said.startswith("bwrap:"):
+            raise SandboxError(
+                f"bubblewrap ({self.exe}) cannot start a sandbox here: {said[:300]}\n"
+                "User namespaces may be restricted: see `sysctl kernel.unprivileged_userns_clone "
+                "user.max_user_namespaces kernel.apparmor_restrict_unprivileged_userns` (Ubuntu 24.04 needs an "
+                "AppArmor profile for bwrap, or run the grader as root), or grade inside a container "
+                f"(README, 'For instructors'). {INSTALL.split('; ')[-1]}")
+        raise SandboxError(f"Python cannot import torch and labkit inside the sandbox ({said[-400:]}). It sees only "
+                           f"{', '.join(self.read_only)}: is a package installed inside the submissions, solutions "
+                           f"or output folder?")
+
+
+@dataclass
+class NoSandbox:
+    """--unsafe-no-sandbox: the same command, bare (the child's audit hook is the only fence)."""
+
+    name: str = "no sandbox (--unsafe-no-sandbox)"
+
+    def command(self, module: str, in_dir: Path, out_dir: Path, env: dict, work: Path) -> tuple[list[str], str]:
+        return [sys.executable, "-m", module, str(in_dir), str(out_dir)], str(work / "scratch" / "cwd")
+
+    @staticmethod
+    def exit_code(rc: int) -> int:
+        return rc
+
+    def scratch_for(self, work: Path) -> Path:
+        for sub in SCRATCH_DIRS:
+            (work / "scratch" / sub).mkdir(parents=True, exist_ok=True)
+        return work / "scratch"
+
+
+def make(protected: list[Path], gpu: bool, memory_mb: int, unsafe: bool, imports: bool = True) -> Bwrap | NoSandbox:
+    """The sandbox to grade in: bubblewrap, checked to work here; NoSandbox only when `unsafe`."""
+    if unsafe:
+        return NoSandbox()
+    exe = shutil.which("bwrap")
+    if exe is None:
+        raise SandboxError(f"bubblewrap (bwrap) is not installed, and the grader runs students' code only inside "
+                           f"it: {INSTALL}")
+    helptext = subprocess.run([exe, "--help"], capture_output=True, text=True, check=False).stdout
+    features = tuple(f for f in ("--disable-userns", "--size") if f in helptext)
+    extra = [p for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if p and os.path.isdir(p)]
+    box = Bwrap(exe, read_only_paths(protected, extra), system_links(), gpu_devices() if gpu else [],
+                tmp_mb=max(256, min(memory_mb // 2, 8192)), features=features)
+    box.probe(imports)
+    return box
+
+
+def problem() -> str | None:
+    """Why bubblewrap cannot sandbox the grader here (None: it can); a quick check, for tests and scripts."""
+    try:
+        make([], False, 512, unsafe=False, imports=False)
+    except (SandboxError, OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    return None
