@@ -157,7 +157,11 @@ def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torc
     base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
     dist.barrier()
     launch.sync(dev)
-    origin = time.perf_counter()
+    # perf_counter is CLOCK_MONOTONIC on Linux, one clock for every process of a host: the earliest
+    # rank's start is the common origin (processes on several hosts would need their offsets measured)
+    origin = torch.tensor([time.perf_counter()], dtype=torch.float64, device=dev)
+    dist.all_reduce(origin, op=dist.ReduceOp.MIN)
+    origin = float(origin.item())
     for op, i in steps:
         peer = (s - 1 if s > 0 else None) if op == "F" else (s + 1 if not last else None)
         buf = torch.empty(shape, dtype=dtype, device=dev) if peer is not None else None
