@@ -62,24 +62,37 @@ def held_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
 
 @contextlib.contextmanager
 def counting_collectives(tally: dict):
-    """Count the all-gathers and reduce-scatters FSDP2 issues (it calls them through torch.distributed)."""
-    saved = {name: getattr(dist, name) for name in ("all_gather_single", "reduce_scatter_single")}
+    """Count the all-gathers and reduce-scatters FSDP2 issues (it calls them through torch.distributed).
 
-    def wrap(name, fn, key):
+    Newer PyTorch names them all_gather_single / reduce_scatter_single, older all_gather_into_tensor /
+    reduce_scatter_tensor; whichever exist are wrapped, and a call made inside another counts once.
+    """
+    names = {"all_gather_single": ("all_gather", 0), "all_gather_into_tensor": ("all_gather", 0),
+             "reduce_scatter_single": ("reduce_scatter", 1), "reduce_scatter_tensor": ("reduce_scatter", 1)}
+    saved = {n: getattr(dist, n) for n in names if hasattr(dist, n)}
+    depth = [0]
+
+    def wrap(fn, kind, pos):
         def counted(*a, **k):
-            full = k.get("output") if key == "output" and "output" in k else k.get("input") if "input" in k else a[0 if key == "output" else 1]
-            tally[name] = tally.get(name, 0) + 1
-            tally[name + "_bytes"] = tally.get(name + "_bytes", 0) + full.numel() * full.element_size()
-            return fn(*a, **k)
+            if depth[0] == 0:   # the full-size tensor: the gather's output, the scatter's input
+                full = k.get(("output", "input")[pos], k.get(("output_tensor", "input_tensor")[pos]))
+                full = a[pos] if full is None else full
+                tally[kind] = tally.get(kind, 0) + 1
+                tally[kind + "_bytes"] = tally.get(kind + "_bytes", 0) + full.numel() * full.element_size()
+            depth[0] += 1
+            try:
+                return fn(*a, **k)
+            finally:
+                depth[0] -= 1
         return counted
 
-    dist.all_gather_single = wrap("all_gather", saved["all_gather_single"], "output")
-    dist.reduce_scatter_single = wrap("reduce_scatter", saved["reduce_scatter_single"], "input")
+    for n, fn in saved.items():
+        setattr(dist, n, wrap(fn, *names[n]))
     try:
         yield tally
     finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
+        for n, fn in saved.items():
+            setattr(dist, n, fn)
 
 
 def build(kind: str, model: nn.Module, ctx: launch.Ctx, lr: float, mp: bool = False):
