@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gc
 import statistics
 import sys
 import time
@@ -159,6 +160,7 @@ def train(kind: str, model: nn.Module, args, ctx: launch.Ctx, mp: bool = False) 
         out["cuda_allocated"], out["cuda_peak"] = torch.cuda.memory_allocated(ctx.device), peak
     out["step_ms"] = _time(mod, opt, args, ctx, local)
     del mod, opt
+    gc.collect()   # DDP/FSDP hold reference cycles: free them now, while the process group lives
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     return out

@@ -7,6 +7,7 @@ Inside the script:          `ctx = launch.start(args)` ... `launch.finish(ctx, r
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -40,9 +41,9 @@ def torchrun(module: str, nproc: int, args: list[str], backend: str = "auto", de
         print("$ python", " ".join(cmd[1:]).replace(str(out), out.name))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if done.returncode != 0:
-        tail = "\n".join(l for l in (done.stdout + done.stderr).splitlines() if "labkit" in l or "Error" in l)
+        said = [l for l in done.stderr.splitlines() if l.startswith(module + ":")]   # our own messages (start())
         raise RuntimeError(f"{module} on {nproc} processes failed (exit {done.returncode}):\n"
-                           f"{tail[-3000:] or (done.stdout + done.stderr)[-3000:]}")
+                           + ("\n".join(said) if said else (done.stdout + done.stderr)[-4000:]))
     if echo and done.stdout.strip():
         print(done.stdout.strip()[-1500:])
     return json.loads(out.read_text())
@@ -117,6 +118,9 @@ def run_main(prog: str, parse, body, argv: list[str] | None = None) -> int:
         if ctx.rank == 0:
             print(f"[{prog}] {ctx.world} x {ctx.backend} on {ctx.device.type}: wrote {args.out}")
     finally:
+        # DDP and FSDP objects sit in reference cycles: free them while their process group still
+        # exists, or a later collection can abort the process ("terminate called without an active exception")
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
