@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up and start the course, or run its tests: the two commands the README opens with.
 
-    python3 course.py start        # install into .venv, open JupyterLab at the course index
+    python3 course.py start        # install into .venv, serve the course in JupyterLab, open its index
     python3 course.py test         # install into .venv, run unit tests + every notebook (nbval)
     python3 course.py test --full  # the same at full problem sizes (on a GPU host)
 
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
+import json
 import os
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -78,13 +79,54 @@ def test(args: argparse.Namespace) -> int:
     return subprocess.run(cmd, cwd=ROOT, env=run_env(args.full)).returncode
 
 
+INDEX = "notebooks/index.ipynb"
+
+
+def jupyter_command(py: str, extra: list[str], is_root: bool) -> list[str]:
+    """JupyterLab serving the whole repository (so ../exercises/ links resolve), opened at the index."""
+    cmd = [py, "-m", "jupyterlab", INDEX, f"--ServerApp.root_dir={ROOT}", *extra]
+    if is_root and "--allow-root" not in extra:
+        cmd.append("--allow-root")
+    return cmd
+
+
+def _server_url(py: str, pid: int, proc: subprocess.Popen, wait_s: float = 120) -> str | None:
+    """The URL (with its token) of the JupyterLab started as `pid`, read from its runtime file once it is up."""
+    out = subprocess.run([py, "-c", "from jupyter_core.paths import jupyter_runtime_dir as d; print(d())"],
+                         capture_output=True, text=True)
+    info_file = Path(out.stdout.strip()) / f"jpserver-{pid}.json"
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            info = json.loads(info_file.read_text())
+            return f"{info['url'].rstrip('/')}/lab/tree/{INDEX}?token={info['token']}"
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.5)
+    return None
+
+
 def start(args: argparse.Namespace) -> int:
     py = ensure_env(["jupyterlab"])
     env = run_env(full=False)
     env.pop("LABKIT_QUICK")  # let labkit choose: quick without a GPU, full size with one
     env.pop("MPLBACKEND")  # inline plots
-    cmd = [py, "-m", "jupyter", "lab", str(ROOT / "notebooks" / "index.ipynb"), *args.jupyter_args]
-    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if is_root:
+        print("course: running as root (a container?): passing --allow-root to JupyterLab")
+    proc = subprocess.Popen(jupyter_command(py, args.jupyter_args, is_root), cwd=ROOT, env=env)
+    try:
+        url = _server_url(py, proc.pid, proc)
+        if url:
+            print(f"\ncourse: JupyterLab is up, serving {ROOT}. Open this address in your browser "
+                  f"(the token in it is your password):\n\n    {url}\n\ncourse: Ctrl-C here stops it.\n", flush=True)
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:  # JupyterLab asks to confirm, or stops on a second Ctrl-C
+                continue
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
 
 
 def main() -> int:

@@ -15,28 +15,17 @@ import argparse
 import csv
 import json
 import math
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 import labkit
+from labkit.kernels._bench import BenchCase
+from labkit.precision import tf32
 from labkit.timing import Timing, bench, format_ms
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@dataclass
-class Case:
-    """One benchmark: the Triton function, its baselines and how much work one call does."""
-
-    shape: str
-    dtype: str
-    triton: Callable[[], object]
-    baselines: dict[str, Callable[[], object] | None]
-    work: float  # bytes (memory-bound kernels) or FLOPs (matmul)
 
 
 @dataclass
@@ -54,28 +43,18 @@ class Row:
     speedup: dict[str, float | None]
 
 
-# kernel -> (baseline column names, unit, default GPU sizes, default CPU sizes, default GPU dtypes)
-KERNELS: dict[str, tuple[tuple[str, str], str, list[str], list[str], list[str]]] = {
-    "vector_add": (("eager", "compile"), "GB/s", ["1048576", "16777216", "134217728"], ["4097"], ["fp32", "bf16"]),
-    "bias_gelu": (("eager", "compile"), "GB/s", ["4096x4096", "16384x4096"], ["33x129"], ["fp32", "bf16"]),
-    "bias_gelu_bwd": (("eager", "compile"), "GB/s", ["4096x4096", "16384x4096"], ["33x129"], ["fp32", "bf16"]),
-    "softmax": (("eager", "compile"), "GB/s", ["65536x1024", "16384x4096", "4096x16384", "256x65536"], ["17x129"],
-                ["fp32", "bf16"]),
-    "layer_norm": (("eager", "compile"), "GB/s", ["65536x1024", "16384x4096", "8192x8192"], ["17x129"],
-                   ["fp32", "bf16"]),
-    "layer_norm_bwd": (("eager", "compile"), "GB/s", ["65536x1024", "16384x4096", "8192x8192"], ["17x129"],
-                       ["fp32", "bf16"]),
-    "adam": (("foreach", "fused"), "GB/s", ["200x1048576", "8x16777216"], ["2x500"], ["fp32", "bf16"]),
-    "matmul": (("torch", "compile"), "TFLOP/s", ["4096", "8192"], ["64"], ["bf16", "fp16", "tf32"]),
-}
-# Attention (sizes BxHxNxD): forward and backward, causal or not, against each SDPA backend, naive eager
-# attention and torch.compile of it. `labkit bench attention` runs all four.
-_ATTN = (("flash", "efficient", "cudnn", "math", "naive", "compile"), "TFLOP/s",
-         ["4x16x1024x128", "4x16x4096x128", "1x16x16384x128"], ["1x2x37x64"], ["bf16"])
-KERNELS.update({name: _ATTN for name in ("attention_fwd", "attention_causal_fwd", "attention_bwd",
-                                         "attention_causal_bwd")})
-ALIASES = {"attention": ["attention_fwd", "attention_causal_fwd", "attention_bwd", "attention_causal_bwd"]}
-CPU_DTYPES = {name: ["bf16"] for name in ALIASES["attention"]}  # the kernel takes fp16/bf16 only
+def bench_cases() -> dict[str, BenchCase]:
+    """Every benchmark the kernel modules offer, by name (imports the kernels: call labkit.setup() first)."""
+    from labkit.kernels import BENCHMARKED
+
+    return {case.name: case for module in BENCHMARKED for case in module.bench_cases()}
+
+
+def kernel_groups() -> dict[str, list[str]]:
+    """Kernel module name -> its cases' names: `labkit bench attention` runs every case attention offers."""
+    from labkit.kernels import BENCHMARKED
+
+    return {module.__name__.rsplit(".", 1)[-1]: [c.name for c in module.bench_cases()] for module in BENCHMARKED}
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -88,171 +67,48 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-def _rows_cols(dims: tuple[int, ...]) -> tuple[int, int]:
-    return (dims[0], dims[1]) if len(dims) >= 2 else (1, dims[0])
-
-
-def _maybe_compile(fn, use_compile: bool):
-    if not use_compile:
-        return None
-    try:  # the backward rows call autograd.grad(retain_graph=True), which donated buffers forbid
-        import torch._functorch.config as functorch_config
-        functorch_config.donated_buffer = False
-    except (ImportError, AttributeError):
-        pass
-    return torch.compile(fn)
-
-
-def make_case(kernel: str, size: str, dtype_name: str, use_compile: bool) -> Case:
-    """Inputs of the given size and dtype for one kernel, with its Triton call and baselines."""
-    from labkit import kernels  # the modules then sit in sys.modules (kernels.softmax is the function)
-
-    dev = labkit.current().device
-    dtype = DTYPES[dtype_name]
-    dims = parse_shape(size)
-
-    def randn(*shape):
-        return torch.randn(*shape, device=dev, dtype=dtype)
-
-    if kernel == "vector_add":
-        n = math.prod(dims)
-        x, y = randn(n), randn(n)
-        ref = sys.modules["labkit.kernels.vector_add"].reference
-        return Case(str(n), dtype_name, lambda: kernels.vector_add(x, y),
-                    {"eager": lambda: ref(x, y), "compile": _bind(_maybe_compile(ref, use_compile), x, y)},
-                    kernels.vector_add.min_bytes(n, dtype))
-    if kernel in ("bias_gelu", "bias_gelu_bwd"):
-        M, N = _rows_cols(dims)
-        mod = sys.modules["labkit.kernels.bias_gelu"]
-        x, b = randn(M, N), randn(N)
-        if kernel == "bias_gelu":
-            return Case(f"{M}x{N}", dtype_name, lambda: kernels.bias_gelu(x, b),
-                        {"eager": lambda: mod.reference(x, b),
-                         "compile": _bind(_maybe_compile(mod.reference, use_compile), x, b)},
-                        mod.min_bytes((M, N), dtype))
-        dy = randn(M, N)
-        x.requires_grad_(True)
-        b.requires_grad_(True)
-        return Case(f"{M}x{N}", dtype_name, _grad_fn(kernels.bias_gelu, (x, b), dy),
-                    {"eager": _grad_fn(mod.reference, (x, b), dy),
-                     "compile": _grad_fn(_maybe_compile(mod.reference, use_compile), (x, b), dy)},
-                    mod.min_bytes((M, N), dtype, backward=True))
-    if kernel == "softmax":
-        M, N = _rows_cols(dims)
-        mod = sys.modules["labkit.kernels.softmax"]
-        x = randn(M, N)
-        return Case(f"{M}x{N}", dtype_name, lambda: kernels.softmax(x),
-                    {"eager": lambda: mod.reference(x), "compile": _bind(_maybe_compile(mod.reference, use_compile), x)},
-                    mod.min_bytes((M, N), dtype))
-    if kernel in ("layer_norm", "layer_norm_bwd"):
-        M, N = _rows_cols(dims)
-        mod = sys.modules["labkit.kernels.layer_norm"]
-        x, w, b = randn(M, N), randn(N), randn(N)
-        if kernel == "layer_norm":
-            return Case(f"{M}x{N}", dtype_name, lambda: kernels.layer_norm(x, w, b),
-                        {"eager": lambda: mod.reference(x, w, b),
-                         "compile": _bind(_maybe_compile(mod.reference, use_compile), x, w, b)},
-                        mod.min_bytes((M, N), dtype))
-        dy = randn(M, N)
-        for t in (x, w, b):
-            t.requires_grad_(True)
-        return Case(f"{M}x{N}", dtype_name, _grad_fn(kernels.layer_norm, (x, w, b), dy),
-                    {"eager": _grad_fn(mod.reference, (x, w, b), dy),
-                     "compile": _grad_fn(_maybe_compile(mod.reference, use_compile), (x, w, b), dy)},
-                    mod.min_bytes((M, N), dtype, backward=True))
-    if kernel == "adam":
-        T, n = _rows_cols(dims) if len(dims) >= 2 else (1, dims[0])
-        mod = sys.modules["labkit.kernels.adam"]
-
-        def params():
-            ps = [torch.nn.Parameter(torch.randn(n, device=dev, dtype=dtype)) for _ in range(T)]
-            for p in ps:
-                p.grad = torch.randn_like(p)
-            return ps
-
-        opt = kernels.TritonAdamW(params())
-        foreach = torch.optim.AdamW(params(), foreach=True)
-        try:
-            fused = torch.optim.AdamW(params(), fused=True)
-        except (RuntimeError, ValueError):
-            fused = None  # fused AdamW is not available for this device/dtype
-        return Case(f"{T}x{n}", dtype_name, opt.step,
-                    {"foreach": foreach.step, "fused": fused.step if fused else None},
-                    mod.min_bytes(T * n, dtype))
-    if kernel == "matmul":
-        M, N, K = (dims * 3)[:3] if len(dims) == 1 else (dims + dims[-1:])[:3]
-        mod = sys.modules["labkit.kernels.matmul"]
-        a, b = randn(M, K), randn(K, N)
-        return Case(f"{M}x{N}x{K}", dtype_name, lambda: kernels.matmul(a, b),
-                    {"torch": lambda: torch.matmul(a, b), "compile": None}, mod.flops(M, N, K))
-    if kernel.startswith("attention"):
-        c = sys.modules["labkit.kernels.attention"].bench_case(
-            size, dtype, causal="causal" in kernel, backward=kernel.endswith("_bwd"), use_compile=use_compile)
-        return Case(c["shape"], dtype_name, c["fn"], c["baselines"], c["flops"])
-    raise SystemExit(f"labkit bench: unknown kernel {kernel!r}; choose from {', '.join(KERNELS)}")
-
-
-def _bind(fn, *args):
-    return (lambda: fn(*args)) if fn is not None else None
-
-
-def _grad_fn(fn, inputs, dy):
-    """A call of the backward alone: the forward graph is built once and kept (retain_graph)."""
-    if fn is None:
-        return None
-    y = fn(*inputs)
-    return lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True)
-
-
 def _time(fn, quick_cpu: bool) -> Timing:
     if quick_cpu:
         return bench(fn, warmup_ms=1, rep_ms=5, min_reps=3)
     return bench(fn)
 
 
-def _ceiling(ceil, kernel: str, dtype_name: str) -> float | None:
-    if KERNELS[kernel][1] == "TFLOP/s":
-        return ceil.matmul_tflops.get(dtype_name)
-    return ceil.copy_gbps
+def _ceiling(ceil, case: BenchCase, dtype_name: str) -> float | None:
+    return ceil.matmul_tflops.get(dtype_name) if case.unit == "TFLOP/s" else ceil.copy_gbps
 
 
-def run_kernel(kernel: str, sizes: list[str], dtypes: list[str], use_compile: bool, ceil) -> list[Row]:
+def run_kernel(case: BenchCase, sizes: list[str], dtypes: list[str], use_compile: bool, ceil) -> list[Row]:
     from tqdm.auto import tqdm
 
-    names, unit, *_ = KERNELS[kernel]
     quick_cpu = not labkit.current().is_gpu
     rows = []
     jobs = [(s, d) for s in sizes for d in dtypes]
-    for size, dtype_name in tqdm(jobs, desc=kernel, unit="case", leave=False):
-        old_tf32 = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = dtype_name == "tf32"
-        try:
-            case = make_case(kernel, size, dtype_name, use_compile)
-            t = _time(case.triton, quick_cpu)
+    for size, dtype_name in tqdm(jobs, desc=case.name, unit="case", leave=False):
+        with tf32(dtype_name == "tf32"):
+            timed = case.make(parse_shape(size), DTYPES[dtype_name], use_compile)
+            t = _time(timed.triton, quick_cpu)
             base = {}
-            for name in names:
-                fn = case.baselines.get(name)
+            for name in case.baselines:
+                fn = timed.baselines.get(name)
                 try:
                     base[name] = _time(fn, quick_cpu).median_ms if fn is not None else None
                 except Exception as exc:  # a baseline that cannot run here (e.g. torch.compile without a compiler)
-                    tqdm.write(f"{kernel} {case.shape} {dtype_name}: {name} baseline failed: {type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0][:120]}")
+                    tqdm.write(f"{case.name} {timed.shape} {dtype_name}: {name} baseline failed: "
+                               f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
                     base[name] = None
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = old_tf32
-        rate = (labkit.tflops if unit == "TFLOP/s" else labkit.gbps)(case.work, t.median_ms)
-        c = _ceiling(ceil, kernel, dtype_name)
-        rows.append(Row(kernel, case.shape, dtype_name, t.median_ms, t.spread, rate, unit, c,
+        rate = (labkit.tflops if case.unit == "TFLOP/s" else labkit.gbps)(timed.work, t.median_ms)
+        c = _ceiling(ceil, case, dtype_name)
+        rows.append(Row(case.name, timed.shape, dtype_name, t.median_ms, t.spread, rate, case.unit, c,
                         rate / c if c else None, base,
                         {k: (v / t.median_ms if v else None) for k, v in base.items()}))
-        del case
+        del timed
         if labkit.current().is_gpu:
             torch.cuda.empty_cache()
     return rows
 
 
-def table(kernel: str, rows: list[Row]) -> str:
-    names, unit, *_ = KERNELS[kernel]
+def table(case: BenchCase, rows: list[Row]) -> str:
+    kernel, names, unit = case.name, case.baselines, case.unit
     head = ["shape", "dtype", "time", unit, "of ceiling", "spread"] + [f"vs {n}" for n in names]
     body = []
     for r in rows:
@@ -373,8 +229,8 @@ def timing_check() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="labkit bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("kernels", nargs="*", metavar="KERNEL",
-                    help=f"kernels to time (default: all): {', '.join(KERNELS)}; attention = its four cases")
+    ap.add_argument("kernels", nargs="*", metavar="KERNEL", help="kernels to time (default: all; a kernel module's "
+                    "name, e.g. attention, runs all its cases; a wrong name lists them)")
     ap.add_argument("--sizes", nargs="+", help="sizes for every chosen kernel: N, MxN (rows x cols; tensors x "
                     "elements for adam) or MxNxK (matmul); default: per kernel, tiny without a GPU")
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="dtypes (default: per kernel; fp32 on the CPU)")
@@ -383,12 +239,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timing-check", action="store_true",
                     help="compare labkit.bench with triton.testing.do_bench on a few kernels, then stop")
     args = ap.parse_args(argv)
-    args.kernels = [k for name in args.kernels for k in ALIASES.get(name, [name])]
-    unknown = [k for k in args.kernels if k not in KERNELS]
-    if unknown:
-        ap.error(f"unknown kernel(s) {', '.join(unknown)}; choose from {', '.join(KERNELS)}")
 
     cfg = labkit.setup()
+    cases, groups = bench_cases(), kernel_groups()
+    args.kernels = [k for name in args.kernels for k in ([name] if name in cases else groups.get(name, [name]))]
+    unknown = [k for k in args.kernels if k not in cases]
+    if unknown:
+        ap.error(f"unknown kernel(s) {', '.join(unknown)}; choose from {', '.join(cases)}")
     if args.timing_check:
         return timing_check()
     # torch.compile on the CPU needs a C++ toolchain and a long first compile: GPU only by default.
@@ -397,12 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{labkit.machine_info().get('GPU') if cfg.is_gpu else 'CPU (Triton interpreter: times are not meaningful)'}"
           f"; copy ceiling {ceil.copy_gbps:,.0f} GB/s")
     all_rows = []
-    for kernel in args.kernels or list(KERNELS):
-        _, _, gpu_sizes, cpu_sizes, gpu_dtypes = KERNELS[kernel]
-        sizes = args.sizes or (gpu_sizes if cfg.is_gpu else cpu_sizes)
-        dtypes = args.dtypes or (gpu_dtypes if cfg.is_gpu else CPU_DTYPES.get(kernel, ["fp32"]))
-        rows = run_kernel(kernel, sizes, dtypes, use_compile, ceil)
-        print(table(kernel, rows), "\n", flush=True)
+    for name in args.kernels or list(cases):
+        case = cases[name]
+        sizes = args.sizes or list(case.gpu_sizes if cfg.is_gpu else case.cpu_sizes)
+        dtypes = args.dtypes or list(case.gpu_dtypes if cfg.is_gpu else case.cpu_dtypes)
+        rows = run_kernel(case, sizes, dtypes, use_compile, ceil)
+        print(table(case, rows), "\n", flush=True)
         all_rows += rows
     if args.save:
         print("saved", ", ".join(str(p) for p in save(all_rows, args.save)))

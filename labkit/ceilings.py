@@ -3,9 +3,16 @@
 Measured once per machine (and per quick/full mode) and cached as JSON under
 $LABKIT_CACHE (default ~/.cache/labkit), so every notebook states its numbers as a
 fraction of what this machine can actually do, not of a datasheet.
+
+Each ceiling is the best of several repeated medians (other work on the machine only slows a
+measurement down), checked against what such a device can plausibly do, and stored with when and
+under what load it was measured. A notebook that sees a fraction far above 1 measures again.
+Refresh by hand with `labkit info --refresh`.
 """
 from __future__ import annotations
 
+import contextlib
+import datetime
 import hashlib
 import json
 import os
@@ -14,10 +21,20 @@ from pathlib import Path
 
 import torch
 
-from labkit.device import current, machine_info
+from labkit.device import cache_dir, current, machine_info
+from labkit.figures import fmt_value
 from labkit.precision import PRECISIONS, matmul_rate
 from labkit.timing import bench, gbps
 from labkit.transfer import measure_sweep
+
+REPEATS = 3  # medians taken per ceiling; the best one is kept
+FAR_ABOVE = 1.5  # a measured fraction of a ceiling beyond this means the ceiling was measured low
+# What a working device can plausibly do (device type -> ceiling -> (lowest, highest)): outside it,
+# the measurement was disturbed (or broken) and is taken again.
+PLAUSIBLE = {
+    "cpu": {"copy_gbps": (1.0, 2_000.0), "matmul_tflops": (1e-3, 100.0)},
+    "cuda": {"copy_gbps": (50.0, 50_000.0), "matmul_tflops": (0.5, 10_000.0)},
+}
 
 @dataclass
 class Ceilings:
@@ -29,23 +46,53 @@ class Ceilings:
     h2d_gbps: dict[str, float] = field(default_factory=dict)  # "pinned"/"pageable" -> GB/s
     d2h_gbps: dict[str, float] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # problem sizes they were measured at
+    measured_at: str = ""  # ISO date and time (UTC)
+    load: float | None = None  # 1-minute load average when the measurement started
+    cores: int = 0  # CPU cores this process may use
+    threads: int = 0  # torch CPU threads used for the measurement
+    repeats: dict[str, list[float]] = field(default_factory=dict)  # every repeated median, per ceiling
+    warnings: list[str] = field(default_factory=list)  # what looked wrong while measuring
 
     def copy_fraction(self, achieved_gbps: float) -> float:
+        """achieved / copy ceiling; a fraction far above 1 measures the ceilings again first (once)."""
+        if achieved_gbps > FAR_ABOVE * self.copy_gbps:
+            self.measure_again(f"{fmt_value(achieved_gbps)} GB/s against a copy ceiling of "
+                                f"{fmt_value(self.copy_gbps)} GB/s")
         return achieved_gbps / self.copy_gbps
 
     def matmul_fraction(self, achieved_tflops: float, dtype: str = "fp32") -> float:
+        """achieved / matmul ceiling of `dtype`; far above 1 measures the ceilings again first (once)."""
+        if achieved_tflops > FAR_ABOVE * self.matmul_tflops[dtype]:
+            self.measure_again(f"{fmt_value(achieved_tflops)} TFLOP/s against a {dtype} matmul ceiling of "
+                                f"{fmt_value(self.matmul_tflops[dtype])} TFLOP/s")
         return achieved_tflops / self.matmul_tflops[dtype]
+
+    def measure_again(self, what: str) -> None:
+        """Measure the ceilings again, once per process, and take the new values (`what` says why)."""
+        if getattr(self, "_remeasured", False):
+            return
+        object.__setattr__(self, "_remeasured", True)
+        print(f"ceilings: measured {what} (cached {self.measured_at or 'before'}, load {self.load}): "
+              f"the ceilings look low, so they are measured again now.", flush=True)
+        fresh = get(refresh=True)
+        for k, v in asdict(fresh).items():
+            setattr(self, k, v)
 
     def ridge(self, dtype: str = "fp32") -> float:
         """Arithmetic intensity (FLOP/byte) where the roofline turns from bandwidth to compute."""
         return self.matmul_tflops[dtype] * 1e12 / (self.copy_gbps * 1e9)
 
     def table(self) -> str:
-        rows = [("device copy (read + write)", f"{self.copy_gbps:,.0f} GB/s")]
-        rows += [(f"matmul {k} ({self.sizes.get('matmul')}^3)", f"{v:,.2f} TFLOP/s")
+        rows = [("device copy (read + write)", f"{fmt_value(self.copy_gbps)} GB/s")]
+        rows += [(f"matmul {k} ({self.sizes.get('matmul')}^3)", f"{fmt_value(v)} TFLOP/s")
                  for k, v in self.matmul_tflops.items()]
-        rows += [(f"host->device {k}", f"{v:,.1f} GB/s") for k, v in self.h2d_gbps.items()]
-        rows += [(f"device->host {k}", f"{v:,.1f} GB/s") for k, v in self.d2h_gbps.items()]
+        rows += [(f"host->device {k}", f"{fmt_value(v)} GB/s") for k, v in self.h2d_gbps.items()]
+        rows += [(f"device->host {k}", f"{fmt_value(v)} GB/s") for k, v in self.d2h_gbps.items()]
+        if self.measured_at:
+            rows.append(("measured", f"{self.measured_at}, load {self.load} on {self.cores} cores, "
+                                     f"{self.threads} threads, best of {REPEATS} medians"))
+        rows += [("warning", w) for w in self.warnings]
+        rows.append(("refresh", "labkit info --refresh (or labkit.ceilings.get(refresh=True))"))
         width = max(len(r[0]) for r in rows)
         return "\n".join(f"{a:<{width}}  {b}" for a, b in [(f"ceilings of {self.machine}", "")] + rows)
 
@@ -53,12 +100,8 @@ class Ceilings:
 def _machine_key() -> tuple[str, str]:
     info = machine_info()
     name = info["GPU"] if current().is_gpu else f"CPU {info['CPU']} x{info['CPU cores']}"
-    facts = [name, info["torch"], info.get("driver", ""), str(current().quick)]
+    facts = ["v2", name, info["torch"], info.get("driver", ""), str(current().quick)]  # v2: robust measurement
     return name, hashlib.sha1("|".join(facts).encode()).hexdigest()[:12]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LABKIT_CACHE", Path.home() / ".cache" / "labkit"))
 
 
 def measure_copy_gbps(nbytes: int) -> float:
@@ -80,25 +123,92 @@ def measure_transfer_gbps(nbytes: int, direction: str, pinned: bool) -> float:
     return gbps(nbytes, measure_sweep([nbytes], direction, pinned)[0].median_ms)
 
 
-def measure() -> Ceilings:
-    """Measure this machine's ceilings now (a few seconds on a GPU)."""
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity, else os.cpu_count())."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    """torch's CPU threads set to `n` (one per usable core) for the measurement, restored after."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def best_of(name: str, measure_once, repeats: int, record: dict[str, list[float]]) -> float:
+    """The best of `repeats` medians: load on the machine only ever slows a measurement down."""
+    values = [measure_once() for _ in range(repeats)]
+    record[name] = [float(f"{v:.6g}") for v in values]
+    return max(values)
+
+
+def implausible(kind: str, c: Ceilings) -> list[str]:
+    """The ceilings outside what a working device of this kind can do (empty when all are plausible)."""
+    bounds = PLAUSIBLE["cuda" if kind == "cuda" else "cpu"]
+    lo, hi = bounds["copy_gbps"]
+    found = [] if lo <= c.copy_gbps <= hi else [f"copy {fmt_value(c.copy_gbps)} GB/s (plausible: {lo:g}-{hi:g})"]
+    lo, hi = bounds["matmul_tflops"]
+    found += [f"matmul {d} {fmt_value(v)} TFLOP/s (plausible: {lo:g}-{hi:g})"
+              for d, v in c.matmul_tflops.items() if d in ("fp32", "bf16") and not lo <= v <= hi]
+    return found
+
+
+def _measure_once() -> Ceilings:
     name, _ = _machine_key()
     quick = current().quick
     if current().is_gpu:
         copy_bytes, n, xfer = (2**28, 4096, 2**26) if quick else (2**31, 8192, 2**30)
         dtypes = list(PRECISIONS)
     else:
-        copy_bytes, n, xfer = (2**24, 256, 0) if quick else (2**28, 1024, 0)
+        copy_bytes, n, xfer = (2**25, 384, 0) if quick else (2**28, 1024, 0)
         dtypes = ["fp32"]
-    c = Ceilings(machine=name, copy_gbps=measure_copy_gbps(copy_bytes),
-                 sizes={"copy_bytes": copy_bytes, "matmul": n, "transfer_bytes": xfer})
-    for d in dtypes:
-        c.matmul_tflops[d] = measure_matmul_tflops(n, d)
+    cores = usable_cores()
+    c = Ceilings(machine=name, copy_gbps=0.0, sizes={"copy_bytes": copy_bytes, "matmul": n, "transfer_bytes": xfer},
+                 measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                 load=load_average(), cores=cores, threads=cores)
+    with _threads(cores):
+        c.copy_gbps = best_of("copy_gbps", lambda: measure_copy_gbps(copy_bytes), REPEATS, c.repeats)
+        for d in dtypes:
+            c.matmul_tflops[d] = best_of(f"matmul_tflops.{d}", lambda: measure_matmul_tflops(n, d), REPEATS,
+                                         c.repeats)
     if current().is_gpu:
         for pinned, label in ((True, "pinned"), (False, "pageable")):
-            c.h2d_gbps[label] = measure_transfer_gbps(xfer, "h2d", pinned)
-            c.d2h_gbps[label] = measure_transfer_gbps(xfer, "d2h", pinned)
+            c.h2d_gbps[label] = best_of(f"h2d_gbps.{label}", lambda: measure_transfer_gbps(xfer, "h2d", pinned),
+                                        REPEATS, c.repeats)
+            c.d2h_gbps[label] = best_of(f"d2h_gbps.{label}", lambda: measure_transfer_gbps(xfer, "d2h", pinned),
+                                        REPEATS, c.repeats)
         torch.cuda.empty_cache()
+    return c
+
+
+def measure(attempts: int = 3) -> Ceilings:
+    """Measure this machine's ceilings now (a few seconds), again while they look implausible."""
+    for attempt in range(attempts):
+        c = _measure_once()
+        wrong = implausible(current().device.type, c)
+        if not wrong:
+            break
+    if wrong:
+        c.warnings.append(f"implausible after {attempts} attempts: {'; '.join(wrong)}")
+    if c.load is not None and c.load > 0.75 * c.cores:
+        c.warnings.append(f"measured while the machine was busy (load {c.load} on {c.cores} cores): the ceilings "
+                          f"may be low; run `labkit info --refresh` when it is quiet")
+    for w in c.warnings:
+        print(f"ceilings: {w}", flush=True)
     return c
 
 

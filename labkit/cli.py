@@ -8,8 +8,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("labkit.runner", "execute notebooks in batch with papermill and collect their figures"),
     "info": ("labkit.cli", "print what this machine is and its measured ceilings"),
-    "exercises": ("labkit.exercises", "build exercises/ from solutions/, or check that it is up to date"),
-    "grade": ("labkit.grade", "grade students' exercise notebooks: grades.csv and a feedback file each"),
+    "exercises": ("labkit.exercises.notebooks", "build exercises/ from solutions/, or check that it is up to date"),
+    "grade": ("labkit.grading.cli", "grade students' exercise notebooks: grades.csv and a feedback file each"),
     "bench": ("labkit.benchmark", "time labkit's Triton kernels against PyTorch eager and torch.compile"),
 }
 

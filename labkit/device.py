@@ -13,11 +13,13 @@ import subprocess
 import sys
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 ENV_DEVICE = "LABKIT_DEVICE"  # "cuda", "cuda:1", "cpu"
 ENV_QUICK = "LABKIT_QUICK"  # "1" shrinks problem sizes, "0" forces full size
+ENV_CACHE = "LABKIT_CACHE"  # where measured ceilings and built extensions are kept
 
 
 @dataclass(frozen=True)
@@ -35,21 +37,58 @@ class Setup:
 
 _current: Setup | None = None
 
+FULL_SIZE_ON_CPU = (
+    "full problem sizes on the CPU (quick=False without a GPU): the sizes are made for a GPU, and the "
+    "Triton interpreter runs them thousands of times slower; a notebook can take many minutes per cell. "
+    "Use quick mode (quick=None or True) unless you mean it.")
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
 
 def _env_flag(name: str) -> bool | None:
     value = os.environ.get(name, "").strip().lower()
     if value in ("", "auto"):
         return None
-    if value in ("1", "true", "yes", "on"):
+    if value in _TRUE:
         return True
-    if value in ("0", "false", "no", "off"):
+    if value in _FALSE:
         return False
     raise ValueError(f"{name}={value!r}: use 1 or 0 (or leave it unset for automatic)")
 
 
+def parse_flag(name: str, value: object) -> bool | None:
+    """A yes/no parameter as a notebook or `-p NAME VALUE` may pass it: True/False/None, 1/0, or their
+    spellings as strings ("False" is False). Anything else is an error that names the parameter."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("", "none", "null", "auto"):
+            return None
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+    raise ValueError(f"parameter {name}={value!r} is not a yes/no value: use True or False "
+                     f"(or None to let labkit choose).")
+
+
+def _device_param(device: object) -> str | torch.device | None:
+    if device is None or isinstance(device, torch.device):
+        return device
+    if isinstance(device, str):
+        return None if device.strip().lower() in ("", "none", "null", "auto") else device.strip()
+    raise ValueError(f"parameter device={device!r} is not a device name: use 'cuda', 'cuda:1' or 'cpu' "
+                     f"(or None to let labkit choose).")
+
+
 def choose_device(device: str | torch.device | None = None) -> torch.device:
     """The argument if given, else $LABKIT_DEVICE, else 'cuda' when a GPU is present, else 'cpu'."""
-    wanted = device if device not in (None, "", "auto") else os.environ.get(ENV_DEVICE) or None
+    device = _device_param(device)
+    wanted = device if device is not None else os.environ.get(ENV_DEVICE) or None
     if wanted in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(wanted)
@@ -71,13 +110,20 @@ def choose_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def setup(device: str | torch.device | None = None, quick: bool | None = None) -> Setup:
-    """Pick the device and quick mode (arguments win over $LABKIT_DEVICE / $LABKIT_QUICK)."""
+    """Pick the device and quick mode (arguments win over $LABKIT_DEVICE / $LABKIT_QUICK).
+
+    Parameters arrive from papermill as strings too: quick="False" means False; a value that is
+    not a yes/no (or a device name) is an error naming the parameter.
+    """
     global _current
+    quick = parse_flag("quick", quick)
     dev = choose_device(device)
     if quick is None:
         quick = _env_flag(ENV_QUICK)
     if quick is None:
         quick = dev.type != "cuda"
+    if not quick and dev.type != "cuda":
+        warnings.warn(FULL_SIZE_ON_CPU, stacklevel=2)
     interpreter = dev.type != "cuda"
     if interpreter:
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
@@ -88,6 +134,7 @@ def setup(device: str | torch.device | None = None, quick: bool | None = None) -
             )
         os.environ["TRITON_INTERPRET"] = "1"
         _fix_old_triton_interpreter()
+        _fix_interpreter_bf16_rounding()
     if dev.type == "cuda" and dev.index is not None:  # set_device needs an index; plain "cuda" keeps the current GPU
         torch.cuda.set_device(dev)
     _current = Setup(device=dev, quick=bool(quick), triton_interpreter=interpreter)
@@ -114,6 +161,50 @@ def _fix_old_triton_interpreter() -> None:
 
     patched.labkit_fixed = True
     interpreter._patch_lang_tensor = patched
+
+
+def _fix_interpreter_bf16_rounding() -> None:
+    """Triton's interpreter casts fp32 to bf16 by dropping bits (round toward zero), so about a quarter
+    of bf16 results were one unit in the last place below what a GPU (round to nearest even) gives.
+    Cast with PyTorch's round-to-nearest-even instead, so interpreted kernels round as GPU kernels do."""
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+        import triton.language as tl
+    except Exception:  # no triton: nothing to mend
+        return
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    if builder is None or getattr(builder.cast_impl, "labkit_fixed", False):
+        return
+    cast_impl, fp_to_fp = builder.cast_impl, builder.create_fp_to_fp
+
+    def to_bf16(data) -> "np.ndarray":
+        arr = np.asarray(data, dtype=np.float32)
+        arr = arr if arr.flags.c_contiguous else arr.copy()
+        return torch.from_numpy(arr).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).reshape(arr.shape)
+
+    def fp32_to_bf16(src, dst_type) -> bool:
+        return src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16
+
+    def patched_cast(self, src, dst_type):
+        if fp32_to_bf16(src, dst_type):
+            return interpreter.TensorHandle(to_bf16(src.data), dst_type.scalar)
+        return cast_impl(self, src, dst_type)
+
+    def patched_fp_to_fp(self, src, dst_type, rounding_mode):
+        if fp32_to_bf16(src, dst_type) and rounding_mode in (None, interpreter._ir.ROUNDING_MODE.RTNE):
+            return interpreter.TensorHandle(to_bf16(src.data), dst_type.scalar)
+        return fp_to_fp(self, src, dst_type, rounding_mode)
+
+    patched_cast.labkit_fixed = True
+    builder.cast_impl = patched_cast
+    builder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
+    builder.create_fp_to_fp = patched_fp_to_fp
+
+
+def cache_dir() -> Path:
+    """labkit's cache folder for this machine's measurements and builds: $LABKIT_CACHE, else ~/.cache/labkit."""
+    return Path(os.environ.get(ENV_CACHE, Path.home() / ".cache" / "labkit"))
 
 
 def current() -> Setup:

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from labkit.figures import fmt_value
+from labkit.paths import COURSE_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent / "reference"
+ROOT = COURSE_ROOT / "reference"
 
 
 def runs(root: Path = ROOT) -> list[Path]:

@@ -7,17 +7,20 @@ summary.md (for people); the exit code is non-zero when any notebook failed.
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
+import difflib
 import json
+import os
 import re
 import shutil
 import time
 from pathlib import Path
 
 from labkit import claims as claims_mod
+from labkit import nbio
 from labkit.figures import figures_in, fmt_value
-
-COURSE_ROOT = Path(__file__).resolve().parent.parent
+from labkit.paths import COURSE_ROOT
 
 
 def default_notebooks() -> list[Path]:
@@ -33,9 +36,90 @@ def parse_value(text: str):
         return text
 
 
+def declared_parameters(path: Path) -> dict[str, object]:
+    """The names in a notebook's `parameters` cell and their defaults (as Python values where literal)."""
+    import papermill
+
+    found = {}
+    for name, p in papermill.inspect_notebook(str(path)).items():
+        try:
+            found[name] = ast.literal_eval(p["default"])
+        except (ValueError, SyntaxError):
+            found[name] = p["default"]  # an expression: its type is unknown
+    return found
+
+
+def check_parameters(parameters: dict, notebooks: list[Path]) -> dict[Path, dict]:
+    """Each notebook's share of `parameters`, after refusing names no notebook declares and malformed values."""
+    from labkit.device import _device_param, parse_flag
+
+    declared = {path: declared_parameters(path) for path in notebooks}
+    known = sorted(set().union(*declared.values())) if declared else []
+    for name, value in parameters.items():
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown parameter {name!r}: no notebook here declares it.{hint} "
+                             f"Known: {', '.join(known) or 'none'}.")
+        if name == "quick":
+            parse_flag("quick", value)
+        elif name == "device":
+            _device_param(value)
+        else:
+            defaults = {d[name] for d in declared.values() if name in d and isinstance(d[name], (bool, int, float, str))}
+            for default in defaults:
+                _check_like(name, value, default)
+    return {path: {k: v for k, v in parameters.items() if k in declared[path]} for path in notebooks}
+
+
+def _check_like(name: str, value: object, default: object) -> None:
+    """Refuse a value of another kind than the notebook's default (a list where a number goes)."""
+    numeric = (int, float)
+    ok = (isinstance(value, bool) if isinstance(default, bool)
+          else isinstance(value, numeric) and not isinstance(value, bool) if isinstance(default, numeric)
+          else isinstance(value, str))
+    if value is not None and not ok:
+        raise ValueError(f"parameter {name}={value!r}: the notebook expects a {type(default).__name__} "
+                         f"like its default {default!r}.")
+
+
+def _wants_full_size_on_cpu(parameters: dict) -> bool:
+    from labkit.device import _device_param, _env_flag, parse_flag
+
+    quick = parse_flag("quick", parameters.get("quick"))
+    if quick is None:
+        quick = _env_flag("LABKIT_QUICK")
+    if quick is not False:
+        return False
+    device = _device_param(parameters.get("device")) or os.environ.get("LABKIT_DEVICE")
+    if device is not None:
+        return not str(device).startswith("cuda")
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _batch_kernel_manager():
+    """A kernel manager for batch runs: IPC sockets where there are any (no 'TCP without encryption'
+    warning on every run), and no progress bars: a notebook's tqdm.auto widget stays frozen at 0% in the
+    saved copy, so the kernel swaps it for the plain tqdm, which TQDM_DISABLE=1 turns off."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import CaselessStrEnum
+
+    class BatchKernelManager(AsyncKernelManager):
+        transport = CaselessStrEnum(["tcp", "ipc"], default_value="tcp" if os.name == "nt" else "ipc", config=True)
+
+        async def start_kernel(self, **kw):
+            kw["env"] = {**(kw.get("env") or os.environ), "TQDM_DISABLE": "1"}
+            swap = "import tqdm.auto, tqdm.std; tqdm.auto.tqdm, tqdm.auto.trange = tqdm.std.tqdm, tqdm.std.trange"
+            kw["extra_arguments"] = [*(kw.get("extra_arguments") or []), f"--IPKernelApp.exec_lines={[swap]!r}"]
+            return await super().start_kernel(**kw)
+
+    return BatchKernelManager
+
+
 def run_one(path: Path, out_dir: Path, parameters: dict, timeout_s: float | None) -> dict:
     """Execute one notebook; return its summary entry (never raises for a notebook's failure)."""
-    import nbformat
     import papermill
 
     out_path = out_dir / path.name
@@ -44,7 +128,7 @@ def run_one(path: Path, out_dir: Path, parameters: dict, timeout_s: float | None
     try:
         papermill.execute_notebook(str(path), str(out_path), parameters=parameters, cwd=str(path.parent),
                                    progress_bar=False, execution_timeout=timeout_s,
-                                   kernel_name="python3")
+                                   kernel_name="python3", kernel_manager_class=_batch_kernel_manager())
     except Exception as exc:  # papermill raises PapermillExecutionError, and others for broken files
         entry["status"] = "failed"
         ename = getattr(exc, "ename", type(exc).__name__)
@@ -52,11 +136,11 @@ def run_one(path: Path, out_dir: Path, parameters: dict, timeout_s: float | None
         cell = getattr(exc, "exec_count", None)
         entry["error"] = f"{ename}: {evalue}" + (f" (cell [{cell}])" if cell is not None else "")
         if cell is None and out_path.exists():  # a time-out or a dead kernel: name the cell that was running
-            where = _running_cell(nbformat.read(out_path, as_version=4))
+            where = _running_cell(nbio.read(out_path))
             if where:
                 entry["error"] += f" (in {where})"
     entry["duration_s"] = round(time.perf_counter() - started, 2)
-    executed = nbformat.read(out_path, as_version=4) if out_path.exists() else {}
+    executed = nbio.read(out_path) if out_path.exists() else {}
     entry["figures"] = figures_in(executed) if executed else {}
     entry["claims"] = claims_mod.claims_in(executed) if executed else {}
     entry["claim_counts"] = claims_mod.tally(entry["claims"])
@@ -129,8 +213,6 @@ def write_summary(entries: list[dict], out_dir: Path, parameters: dict, facts: d
 
 def save_reference(out_dir: Path, entries: list[dict], root: Path | None = None) -> Path:
     """Copy a finished batch (summary and tagged plots) into reference/<machine>/ for students without one."""
-    import nbformat
-
     from labkit import reference
 
     summary = json.loads((out_dir / "summary.json").read_text())
@@ -146,7 +228,7 @@ def save_reference(out_dir: Path, entries: list[dict], root: Path | None = None)
         e = dict(e)
         out = Path(e["output"])
         if out.exists():
-            reference.save_plots(nbformat.read(out, as_version=4), dest / out.stem)
+            reference.save_plots(nbio.read(out), dest / out.stem)
     for e in summary["notebooks"]:  # paths on the GPU host mean nothing to a student
         e["notebook"], e["output"] = Path(e["notebook"]).name, Path(e["output"]).name
     (dest / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -160,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a parameter for every notebook, e.g. -p quick true -p device cuda")
     ap.add_argument("-o", "--output", type=Path, default=Path("build"), help="build folder (default: build/)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds allowed per cell")
+    ap.add_argument("--full-on-cpu", action="store_true",
+                    help="run full problem sizes without a GPU anyway (many minutes per notebook)")
     ap.add_argument("--reference", action="store_true",
                     help="also save the summary and tagged plots into reference/<GPU>/ (a GPU host's full-size run)")
     args = ap.parse_args(argv)
@@ -169,10 +253,19 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         ap.error(f"no such notebook: {', '.join(missing)}")
     parameters = {name: parse_value(value) for name, value in args.parameter}
-    args.output.mkdir(parents=True, exist_ok=True)
     taken = {p.name for p in notebooks}
     if len(taken) < len(notebooks):
         ap.error("two notebooks share a file name; they would overwrite each other in the build folder")
+    try:
+        shares = check_parameters(parameters, notebooks)
+        full_on_cpu = _wants_full_size_on_cpu(parameters)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if full_on_cpu and not args.full_on_cpu:
+        ap.error("full size without a GPU (quick false on the CPU): the notebooks' sizes are made for a GPU and "
+                 "the Triton interpreter would take many minutes per cell. Leave quick unset (quick mode), or pass "
+                 "--full-on-cpu to run it anyway.")
+    args.output.mkdir(parents=True, exist_ok=True)
 
     from tqdm.auto import tqdm
 
@@ -180,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     bar = tqdm(notebooks, desc="notebooks", unit="nb")
     for path in bar:
         bar.set_postfix_str(path.name)
-        entry = run_one(path, args.output, parameters, args.timeout)
+        entry = run_one(path, args.output, shares[path], args.timeout)
         entries.append(entry)
         tqdm.write(f"{entry['status']:>6}  {path.name}  {entry['duration_s']:.1f} s"
                    + (f"  {entry['error'][:200]}" if entry["error"] else ""))

@@ -76,32 +76,55 @@ def flush_l2(device: torch.device) -> None:
 
 def bench(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float = 100.0,
           min_reps: int = 5, max_reps: int = 10_000, flush_cache: bool = True,
-          cuda_graph: bool = False, device: torch.device | str | None = None) -> Timing:
+          cuda_graph: bool = False, device: torch.device | str | None = None, max_s: float = 30.0) -> Timing:
     """Time `fn()`: warm up for `warmup_ms`, then sample it for about `rep_ms`.
 
     flush_cache: on a GPU, start each sample with a cold L2 (as `do_bench` does).
     cuda_graph: capture many calls in one CUDA graph and time its replays, so launch overhead
     drops out; use it for kernels of a few microseconds.
+    max_s: a call slower than `rep_ms` is timed in fewer samples (at least one) so that the whole
+    benchmark stays within about `max_s` seconds; it says so in one line.
     """
     device = torch.device(device) if device is not None else current().device
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"bench(device={str(device)!r}): PyTorch sees no CUDA GPU here; time on the CPU "
+                           f"(device='cpu', or leave device unset to use labkit.setup()'s choice).")
     if device.type == "cuda":
         if cuda_graph:
             return _bench_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps)
-        return _bench_events(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_cache)
+        return _bench_events(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_cache, max_s)
     if cuda_graph:
         raise ValueError("cuda_graph=True needs a CUDA device; this benchmark runs on the CPU.")
-    return _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps)
+    return _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps, max_s)
+
+
+def _slow(fn, first_ms: float, rep_ms: float, min_reps: int, max_s: float, timed) -> Timing | None:
+    """For a call slower than `rep_ms`: sample it (it is warm now) as often as fits in `max_s`, at
+    least once, saying so when it takes long; None for a fast call, which the normal path times."""
+    if first_ms <= rep_ms:
+        return None
+    n = max(1, min(min_reps, int(max_s * 1e3 / first_ms) - 1))
+    if n < min_reps or n * first_ms > 5e3:  # worth a line only when it is long, or capped
+        print(f"bench: one call takes {format_ms(first_ms)}; timing {n} sample(s), about "
+          f"{n * first_ms / 1e3:.0f} s (max_s={max_s:g} caps it).", flush=True)
+    return summarize([timed() for _ in range(n)])
 
 
 def _reps(estimate_ms: float, budget_ms: float, min_reps: int, max_reps: int) -> int:
     return int(min(max_reps, max(min_reps, budget_ms / max(estimate_ms, 1e-6))))
 
 
-def _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
-    fn()
+def _host_call_ms(fn) -> float:
     t0 = time.perf_counter()
     fn()
-    estimate = (time.perf_counter() - t0) * 1e3
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps, max_s) -> Timing:
+    first = _host_call_ms(fn)
+    if (slow := _slow(fn, first, rep_ms, min_reps, max_s, lambda: _host_call_ms(fn))) is not None:
+        return slow
+    estimate = _host_call_ms(fn)
     deadline = time.perf_counter() + warmup_ms / 1e3
     for _ in range(_reps(estimate, warmup_ms, 1, max_reps)):
         fn()
@@ -118,10 +141,25 @@ def _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
     return summarize(samples)
 
 
-def _bench_events(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_cache) -> Timing:
+def _bench_events(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_cache, max_s) -> Timing:
     with torch.cuda.device(device):
+        t0 = time.perf_counter()
         fn()
         torch.cuda.synchronize()
+        first = (time.perf_counter() - t0) * 1e3
+
+        def timed() -> float:
+            if flush_cache:
+                flush_l2(device)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            torch.cuda.synchronize()
+            return s.elapsed_time(e)
+
+        if (slow := _slow(fn, first, rep_ms, min_reps, max_s, timed)) is not None:
+            return slow
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(5):

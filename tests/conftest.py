@@ -14,7 +14,9 @@ labkit.setup()
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-KERNEL_TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}  # the interpreter rounds bf16 toward 0
+# bf16 keeps 8 significant bits: rounded to nearest, a result is within 2^-9 (0.2%) of exact; fp32 math inside a
+# kernel adds a little. (Triton's interpreter truncated instead, one unit low in a quarter of elements; setup() fixes it.)
+KERNEL_TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 6e-3}
 
 
 @pytest.fixture

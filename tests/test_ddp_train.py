@@ -162,18 +162,6 @@ def test_checksum_sees_any_change():
     assert ddp_train.checksum(m) != before
 
 
-def test_stale_sgd_staleness_hurts_and_smaller_steps_help():
-    fresh = ddp_train.stale_sgd(0, steps=150, lr_times_l=0.5)
-    stale = ddp_train.stale_sgd(8, steps=150, lr_times_l=0.5)
-    slow = ddp_train.stale_sgd(8, steps=150, lr_times_l=0.5 / 8)
-    assert len(fresh) == len(stale) == len(slow) == 150
-    assert fresh[-1] < fresh[0] / 100
-    assert not math.isfinite(stale[-1]) or stale[-1] > fresh[0]
-    assert math.isfinite(slow[-1]) and slow[-1] < slow[0]
-    with pytest.raises(ValueError):
-        ddp_train.stale_sgd(-1)
-
-
 def test_one_process_run_in_this_process(monkeypatch, tmp_path):
     """World size 1 (what `--nproc_per_node 1` gives): DDP equals the plain model; no all-reduce sweep."""
     import socket

@@ -1,5 +1,6 @@
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -59,7 +60,9 @@ def test_bad_quick_flag_is_an_error(restore_setup):
 def test_quick_mode_and_sized(restore_setup):
     labkit.setup(quick=True)
     assert labkit.sized(full=1000, quick=10) == 10
-    labkit.setup(quick=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # full size on the CPU warns (tested below)
+        labkit.setup(quick=False)
     assert labkit.sized(full=1000, quick=10) == 1000
 
 
@@ -113,3 +116,38 @@ def test_triton_kernels_with_runtime_loop_bounds_run_on_this_device():
     out = torch.full((3,), float("nan"), device=dev)
     row_sum[(3,)](x, out, 37, BLOCK=16)
     torch.testing.assert_close(out.double().cpu(), x.double().sum(1).cpu(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("value,expected", [("False", False), ("false", False), ("0", False), (0, False),
+                                            ("True", True), (" yes ", True), (1, True), ("None", None), (None, None)])
+def test_quick_as_papermill_passes_it(restore_setup, value, expected):
+    restore_setup.setenv("LABKIT_QUICK", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = labkit.setup(device="cpu", quick=value)
+    assert cfg.quick is (True if expected is None else expected)
+
+
+@pytest.mark.parametrize("value", [[1], "maybe", 2, 0.5, {"a": 1}])
+def test_malformed_quick_is_an_error_naming_it(restore_setup, value):
+    with pytest.raises(ValueError, match=r"parameter quick=.*True or False"):
+        labkit.setup(device="cpu", quick=value)
+
+
+@pytest.mark.parametrize("value", [["cuda"], 0, 1.5])
+def test_malformed_device_is_an_error_naming_it(restore_setup, value):
+    with pytest.raises(ValueError, match=r"parameter device=.*'cuda'"):
+        labkit.setup(device=value)
+
+
+def test_device_none_string_means_automatic(restore_setup):
+    restore_setup.delenv("LABKIT_DEVICE", raising=False)
+    assert device.choose_device("None").type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_full_size_on_the_cpu_warns_up_front(restore_setup):
+    with pytest.warns(UserWarning, match="full problem sizes on the CPU"):
+        labkit.setup(device="cpu", quick=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        labkit.setup(device="cpu", quick=True)  # quick mode: no warning

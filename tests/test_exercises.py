@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit import check, exercises
+from labkit import check
+from labkit.exercises import notebooks as exercises
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit import check, grade
+from labkit import check, exercises
+from labkit.grading import judge, specs, submissions
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
@@ -52,7 +53,8 @@ def save(root: Path, student: str, notebooks: dict[str, dict]) -> None:
 
 def visible_attainable_table() -> dict:
     """What a student who hard-codes the visible checks' answers would write."""
-    return {tuple(c["args"].values()): c["expected"]["attainable TFLOP/s"] for c in check.VISIBLE["attainable_tflops"]()}
+    cases = exercises.function("attainable_tflops").visible()
+    return {tuple(c["args"].values()): c["expected"]["attainable TFLOP/s"] for c in cases}
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +139,7 @@ def graded(tmp_path_factory):
 def test_solutions_score_full_marks_and_gpu_work_is_marked_needs_gpu(graded):
     rows, feedback, _ = graded
     r = rows["solution"]
-    assert r["scale_kernel_source"] == grade.NEEDS_GPU  # graded with --device cpu
+    assert r["scale_kernel_source"] == judge.NEEDS_GPU  # graded with --device cpu
     assert r["total"] == r["out_of"] == "14", feedback["solution"]
     assert "do not count against you" in feedback["solution"]
 
@@ -157,7 +159,7 @@ def test_wrong_answers_lose_marks_with_what_is_wrong(graded):
     assert r["accumulated_grads"] == "0" and "wrong dtype: expected torch.float32, got torch.float64" in fb
     assert r["to_device"] == "1" and r["found_inf"] == "0"  # graded notebooks not submitted count zero
     assert "Not submitted (their functions score 0): `02_transfers.ipynb`" in fb and r["out_of"] == "14"
-    assert r["scale_kernel_source"] == grade.NEEDS_GPU and "not submitted: 02_transfers" in r["notes"]
+    assert r["scale_kernel_source"] == judge.NEEDS_GPU and "not submitted: 02_transfers" in r["notes"]
 
 
 def test_raising_and_exiting_functions_score_zero_and_the_batch_goes_on(graded):
@@ -228,14 +230,13 @@ def test_a_single_renamed_notebook_is_matched_and_magics_are_skipped(graded):
 
 
 def test_hidden_cases_are_deterministic_and_differ_from_the_visible_ones():
-    specs = grade.load_specs(SOLUTIONS / "graded")
-    for nb_specs in specs.values():
+    for nb_specs in specs.load_specs(SOLUTIONS / "graded").values():
         for s in nb_specs:
-            a, b = grade.make_cases(s, 7, False), grade.make_cases(s, 7, False)
+            a, b = specs.make_cases(s, 7, False), specs.make_cases(s, 7, False)
             assert [c["about"] for c in a] == [c["about"] for c in b]
             assert all(check.compare(x["expected"], y["expected"]) == [] for x, y in zip(a, b))
-            if s.name in check.VISIBLE and s.name != "scale_kernel_source":
-                visible = {c["about"] for c in check.VISIBLE[s.name]()}
+            if s.fn.visible is not None:
+                visible = {c["about"] for c in s.fn.visible()}
                 assert not visible & {c["about"] for c in a}, s.name
 
 
@@ -244,12 +245,12 @@ def test_matching_extracting_and_the_triton_requirement(tmp_path):
     paths = [tmp_path / "my_05_triton_row_sum.ipynb", tmp_path / "01-mine.ipynb", tmp_path / "zz.ipynb"]
     for p in paths:
         p.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
-    matched, notes = grade.match_notebooks(paths, names)
+    matched, notes = submissions.match_notebooks(paths, names)
     assert matched == {"05_triton_row_sum": paths[0], "01_device_placement": paths[1]}
     assert any("zz.ipynb" in n for n in notes)
-    cells, notes = grade.extract_code(SOLUTIONS / "05_triton_row_sum.ipynb")
-    assert grade.defines_triton_kernel(cells) and notes == []
-    assert not grade.defines_triton_kernel([[1, "def row_sum(x):\n    return x.sum(1)\n"]])
+    cells, notes = submissions.extract_code(SOLUTIONS / "05_triton_row_sum.ipynb")
+    assert submissions.defines_triton_kernel(cells) and notes == []
+    assert not submissions.defines_triton_kernel([[1, "def row_sum(x):\n    return x.sum(1)\n"]])
 
 
 def test_results_from_the_child_are_loaded_as_data_only(tmp_path):
@@ -258,5 +259,5 @@ def test_results_from_the_child_are_loaded_as_data_only(tmp_path):
             return (os.system, ("echo pwned",))
 
     torch.save({"cases": [Evil()]}, tmp_path / "r.pt")
-    results, problem = grade._load_results(tmp_path / "r.pt")
+    results, problem = judge.load_results(tmp_path / "r.pt")
     assert results is None and "could not be read" in problem

@@ -121,9 +121,10 @@ def test_attention_bench_case_runs():
 def test_labkit_bench_attention_expands_to_four_cases():
     from labkit import benchmark
 
-    assert benchmark.ALIASES["attention"] == ["attention_fwd", "attention_causal_fwd", "attention_bwd",
-                                              "attention_causal_bwd"]
-    case = benchmark.make_case("attention_causal_bwd", "1x1x24x16", "fp16", use_compile=False)
+    assert benchmark.kernel_groups()["attention"] == ["attention_fwd", "attention_causal_fwd", "attention_bwd",
+                                                      "attention_causal_bwd"]
+    bench = benchmark.bench_cases()["attention_causal_bwd"]
+    case = bench.make((1, 1, 24, 16), torch.float16, False)
     assert case.shape == "1x1x24x16 causal" and case.work == mod.flops(1, 1, 24, 16, causal=True, backward=True)
-    assert set(case.baselines) == set(benchmark.KERNELS["attention_causal_bwd"][0])
+    assert set(case.baselines) == set(bench.baselines)
     case.triton()

@@ -123,3 +123,24 @@ def test_byte_counts():
     assert kernels.vector_add.min_bytes(1000, torch.bfloat16) == 6000
     assert kernels.bias_gelu.min_bytes((10, 100), torch.float32) == (2000 + 100) * 4
     assert kernels.bias_gelu.min_bytes((10, 100), torch.float16, backward=True) == (3000 + 200) * 2
+
+
+@pytest.mark.parametrize("op", ["vector_add", "softmax", "matmul"])
+def test_bf16_results_round_to_nearest_like_the_gpu(op):
+    """The interpreter used to truncate fp32 -> bf16 (a quarter of elements one ulp low); GPUs round to
+    nearest even. Rounding the kernel's own fp32 result must give exactly the bf16 it returns."""
+    torch.manual_seed(1)
+    if op == "vector_add":
+        x, y = randn(4097, dtype=torch.bfloat16), randn(4097, dtype=torch.bfloat16)
+        got, exact32 = kernels.vector_add(x, y), x.float() + y.float()  # fp32 sum of bf16 values is exact
+    elif op == "softmax":
+        x = randn(17, 129, dtype=torch.bfloat16)
+        got, exact32 = kernels.softmax(x), kernels.softmax(x.float())
+    else:
+        a, b = randn(33, 65, dtype=torch.bfloat16), randn(65, 17, dtype=torch.bfloat16)
+        got, exact32 = kernels.matmul(a, b), kernels.matmul(a.float(), b.float())
+    rounded = exact32.to(torch.bfloat16)  # PyTorch: round to nearest even
+    if op == "vector_add":
+        assert torch.equal(got, rounded), f"{(got != rounded).float().mean():.0%} of elements differ"
+    else:  # fp32 paths may differ in their last fp32 bits; never by a whole bf16 ulp in a quarter of places
+        assert (got != rounded).float().mean() < 0.02

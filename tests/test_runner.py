@@ -99,3 +99,57 @@ def test_a_reference_run_needs_a_gpu(tmp_path):
     nb = _notebook(tmp_path / "tiny.ipynb", "quick = None", "x = 1")
     result = _run(str(nb), "-o", str(tmp_path / "b"), "--reference")
     assert result.returncode != 0 and "must be made on a GPU host" in result.stdout + result.stderr
+
+
+def test_a_misspelt_parameter_is_refused_naming_it(tmp_path):
+    nb = _notebook(tmp_path / "tiny.ipynb", "quick = None", "x = 1")
+    result = _run(str(nb), "-o", str(tmp_path / "b"), "-p", "qiuck", "true")
+    assert result.returncode == 2 and "unknown parameter 'qiuck'" in result.stderr
+    assert "Did you mean 'quick'" in result.stderr
+    assert not (tmp_path / "b" / "tiny.ipynb").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize("value", ["[1, 2]", "maybe", "2"])
+def test_a_malformed_quick_is_refused_naming_it(tmp_path, value):
+    nb = _notebook(tmp_path / "tiny.ipynb", "quick = None", "x = 1")
+    result = _run(str(nb), "-o", str(tmp_path / "b"), "-p", "quick", value)
+    assert result.returncode == 2 and "parameter quick=" in result.stderr, result.stderr
+
+
+def test_values_of_the_wrong_kind_are_refused(tmp_path):
+    nb = _notebook(tmp_path / "tiny.ipynb", "quick = None\nreps = 3\ndevice = None", "x = 1")
+    with pytest.raises(ValueError, match=r"parameter reps=\[1\].*int"):
+        runner.check_parameters({"reps": [1]}, [nb])
+    with pytest.raises(ValueError, match="parameter device="):
+        runner.check_parameters({"device": [0]}, [nb])
+    shares = runner.check_parameters({"reps": 5, "quick": "False"}, [nb])
+    assert shares[nb] == {"reps": 5, "quick": "False"}
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+def test_full_size_without_a_gpu_is_refused_up_front(tmp_path):
+    nb = _notebook(tmp_path / "tiny.ipynb", "quick = None", "x = 1")
+    result = _run(str(nb), "-o", str(tmp_path / "b"), "-p", "quick", "False")
+    assert result.returncode == 2 and "full size without a GPU" in result.stderr and "--full-on-cpu" in result.stderr
+
+
+def test_papermill_string_false_reaches_setup_as_false(tmp_path):
+    nb = _notebook(tmp_path / "q.ipynb", "quick = None",
+                   "import warnings, labkit\nwith warnings.catch_warnings():\n    warnings.simplefilter('ignore')\n"
+                   "    cfg = labkit.setup(quick=quick)\nlabkit.record('quick', float(cfg.quick))")
+    entry = runner.run_one(nb, tmp_path, {"quick": "False"}, timeout_s=120)
+    assert entry["status"] == "ok", entry["error"]
+    assert entry["figures"]["quick"]["value"] == 0.0
+
+
+def test_batch_runs_are_quiet_no_tcp_warning_no_frozen_progress_bars(tmp_path, capfd):
+    nb = _notebook(tmp_path / "bar.ipynb", "quick = None",
+                   "from tqdm.auto import tqdm\nfor _ in tqdm(range(3)):\n    pass\nprint('done')")
+    (tmp_path / "out").mkdir()
+    entry = runner.run_one(nb, tmp_path / "out", {}, timeout_s=120)
+    assert entry["status"] == "ok", entry["error"]
+    err = capfd.readouterr().err
+    assert "without encryption" not in err
+    executed = nbformat.read(tmp_path / "out" / "bar.ipynb", as_version=4)
+    outputs = executed.cells[1].outputs
+    assert [o.get("text", "") for o in outputs] == ["done\n"], outputs  # no widget, no text bar

@@ -1,7 +1,6 @@
 import pytest
 import torch
 
-import labkit
 from labkit.timing import Timing, bench, gbps, summarize, tflops
 
 
@@ -73,3 +72,25 @@ def test_host_sampling_stops_near_its_budget_when_calls_slow_down():
     t = bench(fn, warmup_ms=10, rep_ms=50, min_reps=5, device="cpu")
     assert time.perf_counter() - t0 < 1.0
     assert t.n >= 5 and t.median_ms >= 4.9
+
+
+def test_a_slow_call_is_capped_and_says_so(capsys):
+    import time
+
+    calls = {"n": 0}
+
+    def fn():
+        calls["n"] += 1
+        time.sleep(0.3)
+
+    t0 = time.perf_counter()
+    t = bench(fn, rep_ms=100, min_reps=5, max_s=1.0, device="cpu")
+    assert time.perf_counter() - t0 < 2.0  # 8 calls (2.4 s) before the cap
+    assert t.n >= 1 and calls["n"] == t.n + 1 and t.median_ms >= 290
+    assert "one call takes" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_bench_on_cuda_without_a_gpu_says_what_to_do():
+    with pytest.raises(RuntimeError, match="no CUDA GPU.*device='cpu'"):
+        bench(lambda: None, device="cuda")

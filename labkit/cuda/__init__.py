@@ -118,7 +118,7 @@ def _arch_key() -> str:
 
 def build_dir() -> Path:
     """The cache folder of this build: $LABKIT_CACHE/cuda/<hash of sources, torch, Python, GPU arch>."""
-    from labkit.ceilings import cache_dir
+    from labkit.device import cache_dir
 
     h = hashlib.sha1()
     for name, text in sorted(sources().items()):

@@ -25,7 +25,11 @@ for _name, _mod in (("vector_add", _vector_add_mod), ("bias_gelu", _bias_gelu_mo
     for _attr in ("reference", "min_bytes", "flops"):
         setattr(getattr(_mod, _name), _attr, getattr(_mod, _attr))
 
-__all__ = ["vector_add", "bias_gelu", "softmax", "layer_norm", "TritonAdamW", "matmul", "attention", "modules"]
+__all__ = ["vector_add", "bias_gelu", "softmax", "layer_norm", "TritonAdamW", "matmul", "attention", "modules",
+           "BENCHMARKED"]
+
+# The kernel modules `labkit bench` times, in order: each offers bench_cases() (labkit/kernels/_bench.py).
+BENCHMARKED = [_vector_add_mod, _bias_gelu_mod, _softmax_mod, _layer_norm_mod, adam, _matmul_mod, _attention_mod]
 
 
 def modules() -> dict:

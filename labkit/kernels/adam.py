@@ -191,3 +191,31 @@ class TritonAdamW(torch.optim.Optimizer):
                                   math.sqrt(bc2), CODE=_DTYPE_CODE[dtype], BLOCK=BLOCK, CHUNK=CHUNK,
                                   num_warps=1 if INTERPRETED else 4)
         del keep  # freed memory is reused only by work queued after this kernel on the stream
+
+
+# ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
+from labkit.kernels._bench import BenchCase, Timed, randn, rows_cols  # noqa: E402
+
+
+def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+    T, n = rows_cols(dims)
+
+    def params():
+        ps = [torch.nn.Parameter(randn(n, dtype=dtype)) for _ in range(T)]
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        return ps
+
+    opt = TritonAdamW(params())
+    foreach = torch.optim.AdamW(params(), foreach=True)
+    try:
+        fused = torch.optim.AdamW(params(), fused=True)
+    except (RuntimeError, ValueError):
+        fused = None  # fused AdamW is not available for this device/dtype
+    return Timed(f"{T}x{n}", opt.step, {"foreach": foreach.step, "fused": fused.step if fused else None},
+                 min_bytes(T * n, dtype))
+
+
+def bench_cases() -> list[BenchCase]:
+    return [BenchCase("adam", _bench, gpu_sizes=("200x1048576", "8x16777216"), cpu_sizes=("2x500",),
+                      baselines=("foreach", "fused"))]

@@ -479,3 +479,25 @@ def _grad_call(fn, q, k, v):
     do = torch.randn_like(out)
     torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)  # runs once: fails here if it cannot
     return lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
+
+
+# ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
+from labkit.kernels._bench import BenchCase, Timed  # noqa: E402
+
+
+def _bench(causal: bool, backward: bool):
+    def make(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+        c = bench_case("x".join(map(str, dims)), dtype, causal=causal, backward=backward, use_compile=use_compile)
+        return Timed(c["shape"], c["fn"], c["baselines"], c["flops"])
+    return make
+
+
+def bench_cases() -> list[BenchCase]:
+    """Forward and backward, causal or not (sizes BxHxNxD), against each SDPA backend, naive attention and
+    torch.compile of it. `labkit bench attention` runs all four."""
+    common = dict(gpu_sizes=("4x16x1024x128", "4x16x4096x128", "1x16x16384x128"), cpu_sizes=("1x2x37x64",),
+                  baselines=("flash", "efficient", "cudnn", "math", "naive", "compile"), unit="TFLOP/s",
+                  gpu_dtypes=("bf16",), cpu_dtypes=("bf16",))  # the kernel takes fp16/bf16 only
+    return [BenchCase(f"attention{'_causal' if causal else ''}_{'bwd' if backward else 'fwd'}",
+                      _bench(causal, backward), **common)
+            for backward in (False, True) for causal in (False, True)]

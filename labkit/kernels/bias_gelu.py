@@ -14,14 +14,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, check_same_device, check_same_dtype, check_tensor,
+from labkit.kernels._common import (INTERPRETED, check_same_device, check_same_dtype, check_tensor,
                                     next_pow2, num_sms, rows_2d)
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def min_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, backward: bool = False) -> int:
@@ -157,3 +157,32 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
                          f"{(x.shape[-1],) if x.dim() else '(?)'}; got x of shape {tuple(x.shape)} and bias of "
                          f"shape {tuple(bias.shape)}.")
     return BiasGelu.apply(x, bias.contiguous())
+
+
+# ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
+from labkit.kernels._bench import BenchCase, Timed, bind, grad_fn, maybe_compile, randn, rows_cols  # noqa: E402
+
+
+def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+    M, N = rows_cols(dims)
+    x, b = randn(M, N, dtype=dtype), randn(N, dtype=dtype)
+    return Timed(f"{M}x{N}", lambda: bias_gelu(x, b),
+                 {"eager": lambda: reference(x, b), "compile": bind(maybe_compile(reference, use_compile), x, b)},
+                 min_bytes((M, N), dtype))
+
+
+def _bench_bwd(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+    M, N = rows_cols(dims)
+    x, b = randn(M, N, dtype=dtype), randn(N, dtype=dtype)
+    dy = randn(M, N, dtype=dtype)
+    x.requires_grad_(True)
+    b.requires_grad_(True)
+    return Timed(f"{M}x{N}", grad_fn(bias_gelu, (x, b), dy),
+                 {"eager": grad_fn(reference, (x, b), dy),
+                  "compile": grad_fn(maybe_compile(reference, use_compile), (x, b), dy)},
+                 min_bytes((M, N), dtype, backward=True))
+
+
+def bench_cases() -> list[BenchCase]:
+    sizes = dict(gpu_sizes=("4096x4096", "16384x4096"), cpu_sizes=("33x129",))
+    return [BenchCase("bias_gelu", _bench, **sizes), BenchCase("bias_gelu_bwd", _bench_bwd, **sizes)]

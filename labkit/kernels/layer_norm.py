@@ -25,7 +25,7 @@ MAX_COLS = 16384  # a whole row is held in registers
 
 
 def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def min_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, backward: bool = False) -> int:
@@ -202,3 +202,33 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
         raise ValueError(f"layer_norm: rows of {N} elements are longer than this kernel's limit of {MAX_COLS}; "
                          f"use torch.nn.functional.layer_norm for them.")
     return LayerNorm.apply(x, weight.contiguous(), bias.contiguous(), float(eps))
+
+
+# ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
+from labkit.kernels._bench import BenchCase, Timed, bind, grad_fn, maybe_compile, randn, rows_cols  # noqa: E402
+
+
+def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+    M, N = rows_cols(dims)
+    x, w, b = randn(M, N, dtype=dtype), randn(N, dtype=dtype), randn(N, dtype=dtype)
+    return Timed(f"{M}x{N}", lambda: layer_norm(x, w, b),
+                 {"eager": lambda: reference(x, w, b),
+                  "compile": bind(maybe_compile(reference, use_compile), x, w, b)},
+                 min_bytes((M, N), dtype))
+
+
+def _bench_bwd(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+    M, N = rows_cols(dims)
+    x, w, b = randn(M, N, dtype=dtype), randn(N, dtype=dtype), randn(N, dtype=dtype)
+    dy = randn(M, N, dtype=dtype)
+    for t in (x, w, b):
+        t.requires_grad_(True)
+    return Timed(f"{M}x{N}", grad_fn(layer_norm, (x, w, b), dy),
+                 {"eager": grad_fn(reference, (x, w, b), dy),
+                  "compile": grad_fn(maybe_compile(reference, use_compile), (x, w, b), dy)},
+                 min_bytes((M, N), dtype, backward=True))
+
+
+def bench_cases() -> list[BenchCase]:
+    sizes = dict(gpu_sizes=("65536x1024", "16384x4096", "8192x8192"), cpu_sizes=("17x129",))
+    return [BenchCase("layer_norm", _bench, **sizes), BenchCase("layer_norm_bwd", _bench_bwd, **sizes)]

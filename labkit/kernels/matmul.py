@@ -123,7 +123,30 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Accumulates in fp32. fp32 inputs use TF32 tensor cores when
     torch.backends.cuda.matmul.allow_tf32 is True (as torch.matmul does), else full fp32.
     Any strides work (a transposed view needs no copy).
+    Differentiable: when a or b requires grad, the backward runs this kernel again
+    (da = dc @ b^T, db = a^T @ dc).
     """
+    if torch.is_grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)):
+        return _Matmul.apply(a, b)
+    return _matmul(a, b)
+
+
+class _Matmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return _matmul(a, b)
+
+    @staticmethod
+    def backward(ctx, dc):
+        a, b = ctx.saved_tensors
+        dc = dc.to(a.dtype)
+        da = _matmul(dc, b.t()) if ctx.needs_input_grad[0] else None
+        db = _matmul(a.t(), dc) if ctx.needs_input_grad[1] else None
+        return da, db
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     check_tensor("matmul", "a", a, FLOAT_DTYPES)
     check_tensor("matmul", "b", b, FLOAT_DTYPES)
     check_same_device("matmul", a=a, b=b)
@@ -153,3 +176,19 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
                         c.stride(0), c.stride(1), INPUT_PRECISION=precision,
                         UPCAST=INTERPRETED and a.dtype != torch.float32)
     return c
+
+
+# ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
+from labkit.kernels._bench import BenchCase, Timed, randn  # noqa: E402
+
+
+def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+    M, N, K = (dims * 3)[:3] if len(dims) == 1 else (dims + dims[-1:])[:3]
+    a, b = randn(M, K, dtype=dtype), randn(K, N, dtype=dtype)
+    return Timed(f"{M}x{N}x{K}", lambda: matmul(a, b), {"torch": lambda: torch.matmul(a, b), "compile": None},
+                 flops(M, N, K))
+
+
+def bench_cases() -> list[BenchCase]:
+    return [BenchCase("matmul", _bench, gpu_sizes=("4096", "8192"), cpu_sizes=("64",), baselines=("torch", "compile"),
+                      unit="TFLOP/s", gpu_dtypes=("bf16", "fp16", "tf32"))]

@@ -80,7 +80,29 @@ def softmax(x: torch.Tensor, online: bool | None = None) -> torch.Tensor:
     Rows are read through their stride; a copy is made only when the last dim is not contiguous.
     online: None picks the one-pass kernel when a row fits (see MAX_FUSED_COLS), True forces the
     streaming kernel (for teaching and testing), False forces one pass.
+    Differentiable: when x requires grad, the backward is dx = y * (dy - sum(dy * y)) (in PyTorch, fp32).
     """
+    if torch.is_grad_enabled() and getattr(x, "requires_grad", False):
+        return _Softmax.apply(x, online)
+    return _softmax(x, online)
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, online):
+        y = _softmax(x, online)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        y32, dy32 = y.float(), dy.float()
+        dx = y32 * (dy32 - (dy32 * y32).sum(dim=-1, keepdim=True))
+        return dx.to(y.dtype), None
+
+
+def _softmax(x: torch.Tensor, online: bool | None = None) -> torch.Tensor:
     check_tensor("softmax", "x", x)
     if x.dim() == 0:
         raise ValueError("softmax: x must have at least one dimension; got a 0-d tensor (use x.reshape(1)).")
@@ -102,3 +124,20 @@ def softmax(x: torch.Tensor, online: bool | None = None) -> torch.Tensor:
         softmax_online_kernel[(programs,)](x2, y, M, N, x2.stride(0), y.stride(0), BLOCK_N=block,
                                            num_warps=1 if INTERPRETED else 8)
     return y.view(x.shape)
+
+
+# ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
+from labkit.kernels._bench import BenchCase, Timed, bind, maybe_compile, randn, rows_cols  # noqa: E402
+
+
+def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+    M, N = rows_cols(dims)
+    x = randn(M, N, dtype=dtype)
+    return Timed(f"{M}x{N}", lambda: softmax(x),
+                 {"eager": lambda: reference(x), "compile": bind(maybe_compile(reference, use_compile), x)},
+                 min_bytes((M, N), dtype))
+
+
+def bench_cases() -> list[BenchCase]:
+    return [BenchCase("softmax", _bench, gpu_sizes=("65536x1024", "16384x4096", "4096x16384", "256x65536"),
+                      cpu_sizes=("17x129",))]

@@ -48,7 +48,24 @@ def vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x + y for two tensors of the same shape and dtype (fp32, fp16 or bf16).
 
     Non-contiguous inputs are first made contiguous (a copy), so the kernel sees flat arrays.
+    Differentiable: when x or y requires grad, the result carries a backward (dx = dy = dz).
     """
+    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(y, "requires_grad", False)):
+        return _VectorAdd.apply(x, y)
+    return _vector_add(x, y)
+
+
+class _VectorAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        return _vector_add(x, y)
+
+    @staticmethod
+    def backward(ctx, dz):
+        return dz, dz
+
+
+def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     check_tensor("vector_add", "x", x, FLOAT_DTYPES)
     check_tensor("vector_add", "y", y, FLOAT_DTYPES)
     check_same_device("vector_add", x=x, y=y)
@@ -68,3 +85,19 @@ def vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     grid = (triton.cdiv(n, BLOCK),)
     vector_add_kernel[grid](x, y, z, n, BLOCK=BLOCK, num_warps=1 if INTERPRETED else 8)
     return z
+
+
+# ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
+from labkit.kernels._bench import BenchCase, Timed, bind, maybe_compile, randn  # noqa: E402
+
+
+def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+    n = torch.Size(dims).numel()
+    x, y = randn(n, dtype=dtype), randn(n, dtype=dtype)
+    return Timed(str(n), lambda: vector_add(x, y),
+                 {"eager": lambda: reference(x, y), "compile": bind(maybe_compile(reference, use_compile), x, y)},
+                 min_bytes(n, dtype))
+
+
+def bench_cases() -> list[BenchCase]:
+    return [BenchCase("vector_add", _bench, gpu_sizes=("1048576", "16777216", "134217728"), cpu_sizes=("4097",))]

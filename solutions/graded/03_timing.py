@@ -1,6 +1,8 @@
 """Graded cases for 03_timing: durations and warm-up counts the visible check does not use."""
 import torch
 
+from labkit.exercises.ex03_timing import median_ms_case
+
 
 def median_ms_cases(g: torch.Generator, gpu: bool) -> list[dict]:
     devices = ["cpu"] + (["cuda"] if gpu else [])
@@ -9,11 +11,9 @@ def median_ms_cases(g: torch.Generator, gpu: bool) -> list[dict]:
         for warmup, reps in [(3, 5), (4, 7)]:
             ms = round(2.0 + 3.0 * float(torch.rand((), generator=g)), 2)
             outlier = int(torch.randint(0, reps, (), generator=g))
-            cases.append({"about": f"a {dev} function taking {ms} ms (10x slower on its first {warmup} calls "
-                                   f"and on timed call {outlier}), warmup={warmup}, reps={reps}",
-                          "args": {"device": dev, "ms": ms, "warmup": warmup, "reps": reps, "outlier_at": outlier},
-                          "expected": {"median (ms)": ms, "calls of fn": warmup + reps},
-                          "rtol": 0.3, "atol": 0.5})
+            cases.append(median_ms_case(f"a {dev} function taking {ms} ms (10x slower on its first {warmup} calls "
+                                        f"and on timed call {outlier}), warmup={warmup}, reps={reps}",
+                                        dev, ms, warmup, reps, outlier))
     return cases
 
 

@@ -1,11 +1,12 @@
 """Graded cases for 07_mixed_precision: where the inf hides, long step sequences, other factors."""
 import torch
 
+from labkit.exercises.ex07_mixed_precision import found_inf_case, update_scale_case
+
 
 def found_inf_cases(g: torch.Generator, gpu: bool) -> list[dict]:
     dev = "cuda" if gpu else "cpu"
-    cases = [{"about": "no gradients at all", "args": {"grads": [], "device": dev},
-              "expected": {"found inf or nan": False}}]
+    cases = [found_inf_case("no gradients at all", [], dev, False)]
     for bad, dtype in [(None, torch.float16), (float("-inf"), torch.float32), (float("nan"), torch.bfloat16),
                        (float("inf"), torch.float16), (None, torch.float32)]:
         grads = [torch.randn(int(torch.randint(1, 50, (), generator=g)), generator=g).to(dtype) for _ in range(4)]
@@ -14,8 +15,8 @@ def found_inf_cases(g: torch.Generator, gpu: bool) -> list[dict]:
             i = int(torch.randint(0, 4, (), generator=g))
             i = i if i < 2 else i + 1
             grads[i][int(torch.randint(0, grads[i].numel(), (), generator=g))] = bad
-        cases.append({"about": f"5 {dtype} gradients (one None), {'with ' + str(bad) if bad is not None else 'all finite'}",
-                      "args": {"grads": grads, "device": dev}, "expected": {"found inf or nan": bad is not None}})
+        about = f"5 {dtype} gradients (one None), {'with ' + str(bad) if bad is not None else 'all finite'}"
+        cases.append(found_inf_case(about, grads, dev, bad is not None))
     return cases
 
 
@@ -36,10 +37,8 @@ def update_scale_cases(g: torch.Generator, gpu: bool) -> list[dict]:
         for f in found:
             scale, tracker = _reference(scale, f, tracker, gf, bf, interval)
             seen.append((scale, tracker))
-        cases.append({"about": f"{n} steps, growth_interval={interval}, growth_factor={gf}, backoff_factor={bf}",
-                      "args": {"scale": 65536.0, "found_inf": found, "growth_factor": gf, "backoff_factor": bf,
-                               "growth_interval": interval},
-                      "expected": {"(scale, growth_tracker) after each step": seen}, "rtol": 1e-12})
+        cases.append(update_scale_case(f"{n} steps, growth_interval={interval}, growth_factor={gf}, "
+                                       f"backoff_factor={bf}", 65536.0, found, gf, bf, interval, seen, rtol=1e-12))
     return cases
 
 

@@ -16,7 +16,9 @@ import re
 import sys
 from pathlib import Path
 
-COURSE_ROOT = Path(__file__).resolve().parent.parent
+from labkit import nbio
+from labkit.paths import COURSE_ROOT
+
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION[ \t]*$")
 END = re.compile(r"^[ \t]*# END SOLUTION[ \t]*$")
 HINT = re.compile(r"^[ \t]*# HINT:[ \t]*(?P<hint>.*?)[ \t]*$")
@@ -60,28 +62,17 @@ def cells_hash(nb: dict) -> str:
     """A hash of what a person edits: each cell's type and source (not outputs, ids or metadata)."""
     h = hashlib.sha256()
     for cell in nb.get("cells", []):
-        src = cell.get("source", "")
-        src = "".join(src) if isinstance(src, list) else src
-        h.update(json.dumps([cell.get("cell_type"), src]).encode())
+        h.update(json.dumps([cell.get("cell_type"), nbio.source(cell)]).encode())
     return h.hexdigest()
 
 
-def _read(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def _source(cell: dict) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
-
-
 def has_regions(nb: dict) -> bool:
-    return any(BEGIN.match(line) for c in nb.get("cells", []) for line in _source(c).splitlines())
+    return any(BEGIN.match(line) for c in nb.get("cells", []) for line in nbio.source(c).splitlines())
 
 
 def generate(solution_path: Path, root: Path = COURSE_ROOT) -> dict:
     """The exercise notebook for one solution notebook (as a dict), with its provenance in metadata."""
-    nb = _read(solution_path)
+    nb = nbio.read(solution_path)
     rel = solution_path.resolve().relative_to(root.resolve()).as_posix() if solution_path.resolve().is_relative_to(
         root.resolve()) else solution_path.name
     cells = []
@@ -90,7 +81,7 @@ def generate(solution_path: Path, root: Path = COURSE_ROOT) -> dict:
     cells.append(header)
     for i, cell in enumerate(nb.get("cells", [])):
         cell = copy.deepcopy(cell)
-        src = _source(cell)
+        src = nbio.source(cell)
         if cell.get("cell_type") == "code":
             cell["source"] = stub_source(src, f"{rel}, cell {i}")
             cell["outputs"], cell["execution_count"] = [], None
@@ -111,18 +102,13 @@ def generate(solution_path: Path, root: Path = COURSE_ROOT) -> dict:
     return out
 
 
-def dumps(nb: dict) -> str:
-    """The same layout Jupyter and nbformat write (one-space indent, sorted keys, trailing newline)."""
-    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
-
-
 def solution_notebooks(solutions: Path) -> list[Path]:
-    return sorted(p for p in solutions.glob("[0-9]*.ipynb") if has_regions(_read(p)))
+    return sorted(p for p in solutions.glob("[0-9]*.ipynb") if has_regions(nbio.read(p)))
 
 
 def hand_edited(path: Path) -> bool:
     """True when an exercise notebook's cells differ from what was generated (or it was never generated)."""
-    nb = _read(path)
+    nb = nbio.read(path)
     stored = nb.get("metadata", {}).get("labkit", {}).get("sha256")
     return stored is None or stored != cells_hash(nb)
 
@@ -138,7 +124,7 @@ def build(solutions: Path, exercises: Path, force: bool = False) -> int:
             print(f"labkit exercises: {exc}", file=sys.stderr)
             return 2
         dest = exercises / src.name
-        text = dumps(nb)
+        text = nbio.dumps(nb)
         if dest.exists():
             if dest.read_text(encoding="utf-8") == text:
                 continue
@@ -175,7 +161,7 @@ def stale(solutions: Path, exercises: Path) -> list[str]:
             problems.append(f"{dest} is missing")
             continue
         want = generate(src)
-        have = _read(dest)
+        have = nbio.read(dest)
         if hand_edited(dest):
             problems.append(f"{dest} was edited by hand (its cells no longer match its stored hash)")
         elif have.get("metadata", {}).get("labkit") != want["metadata"]["labkit"] or cells_hash(have) != cells_hash(want):

@@ -1,0 +1,41 @@
+"""What an exercise module declares for each graded function: how to call it and how it is checked."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from labkit.exercises.observe import compare
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A second step, run by the grader in a fresh process with no student code (e.g. building CUDA source).
+
+    `take` turns the observation of the student's call into the stage's input (a string), or raises
+    ValueError saying what is wrong with it; `run(input, case_args, scratch)` returns one result per
+    case: {"obs": observation} or {"error": message}.
+    """
+
+    take: Callable[[Any], str]
+    run: Callable[[str, list[dict], Path], list[dict]]
+
+
+@dataclass(frozen=True)
+class Function:
+    """One graded function of an exercise notebook.
+
+    call(fn, args) runs the student's `fn` on one case's args (plain data) and returns an observation;
+    visible() makes the cases the notebook's check shows; the grader makes hidden ones with the same
+    helpers (solutions/graded/). compare(expected, got, rtol, atol) lists what differs.
+    """
+
+    name: str
+    call: Callable[[Callable, dict], Any]
+    visible: Callable[[], list[dict]] | None = None
+    compare: Callable[..., list[str]] = compare
+    check: Callable[[Any], bool] | None = None  # a check of its own instead of the visible cases
+    prepare: Callable[[str], None] | None = None  # run in the grading child before student code (gets the device)
+    stage: Stage | None = None
+    requires_triton: bool = False  # the notebook must define a @triton.jit kernel
+    needs_gpu: bool = False  # graded only with a CUDA GPU and nvcc, else "needs GPU"

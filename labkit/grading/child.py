@@ -1,0 +1,169 @@
+"""The grading child: `python -m labkit.grading.child IN OUT` runs one student's notebooks.
+
+IN (the parent's, read here as data): job.json (the notebooks' code cells, the functions to grade,
+limits) and cases.pt (each function's case arguments, never the expected results). OUT (the
+parent reads it): events.jsonl (progress, one JSON object per line) and <function>.pt (what each
+case returned, as plain data). Everything before `install_guard` happens before student code.
+"""
+from __future__ import annotations
+
+import builtins
+import json
+import linecache
+import os
+import resource
+import signal
+import sys
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+from labkit.grading.guard import install_guard
+
+
+class ExerciseTimeout(BaseException):
+    """Raised by SIGALRM when a cell or an exercise runs past its time limit."""
+
+
+def _on_alarm(signum, frame):
+    raise ExerciseTimeout()
+
+
+def _set_alarm(seconds: float) -> None:
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.0))
+
+
+def _stub_check_module() -> types.ModuleType:
+    """What `labkit.check` is inside the grader: every check a no-op (the grader never uses them)."""
+    mod = types.ModuleType("labkit.check", "The checks do nothing while grading: the grader has its own tests.")
+
+    def noop(*args, **kwargs):
+        return None
+
+    def getattr_(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return noop
+
+    mod.__getattr__ = getattr_
+    return mod
+
+
+def _vm_size() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _describer(describe_error: Callable[[BaseException], str]) -> Callable[[BaseException, float], str]:
+    def describe(exc: BaseException, timeout: float) -> str:
+        if isinstance(exc, ExerciseTimeout):
+            return f"timed out after {timeout:g} s"
+        if isinstance(exc, SystemExit):
+            return f"called sys.exit({exc.code!r})"
+        if isinstance(exc, KeyboardInterrupt):
+            return "raised KeyboardInterrupt"
+        return describe_error(exc)
+    return describe
+
+
+def _grade_function(ns: dict, name: str, call: Callable, todo: list[dict], timeout: float, describe) -> list[dict]:
+    """Call the student's `name` on each case under one alarm; one result per case."""
+    fn, out = ns.get(name), []
+    if not callable(fn):
+        why = (f"{name} is not defined in the notebook (was it renamed, or did its cell fail?)"
+               if fn is None else f"{name} is not a function (it is a {type(fn).__name__})")
+        return [{"error": why} for _ in todo]
+    try:
+        _set_alarm(timeout)
+        for case in todo:
+            try:
+                out.append({"obs": call(fn, case["args"])})
+            except ExerciseTimeout:
+                raise
+            except BaseException as exc:
+                out.append({"error": describe(exc, timeout)})
+        _set_alarm(0)
+    except ExerciseTimeout:
+        _set_alarm(0)
+        out += [{"timeout": True}] * (len(todo) - len(out))
+    return out
+
+
+def main(in_dir: str, out_dir: str) -> None:
+    job = json.loads((Path(in_dir) / "job.json").read_text())
+    out = Path(out_dir)
+    events_fd = os.open(out / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def emit(**ev) -> None:
+        os.write(events_fd, (json.dumps(ev) + "\n").encode())
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (job["memory_mb"] * 2**20,) * 2)  # output and files it writes
+
+    import torch
+
+    import labkit
+    from labkit import exercises
+    from labkit.exercises.feedback import describe_error
+
+    labkit.setup(device=job["device"], quick=True)
+    torch.set_num_threads(max(1, int(job.get("threads", 1))))
+    try:
+        import triton  # noqa: F401  (before the guard: importing it may look for compilers)
+        import triton.language  # noqa: F401
+    except ImportError:
+        pass
+    cases = torch.load(Path(in_dir) / "cases.pt", weights_only=True)
+    fns = {name: exercises.function(name) for nb in job["notebooks"] for name in nb["functions"]}
+    for prepare in dict.fromkeys(f.prepare for f in fns.values() if f.prepare is not None):
+        prepare(job["device"])
+    callers = {name: f.call for name, f in fns.items()}
+    describe = _describer(describe_error)
+    if job.get("rlimit_as"):  # address space beyond what torch and triton mapped on import (not with CUDA)
+        extra = _vm_size() + job["memory_mb"] * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (extra, extra))
+    save, replace = torch.save, os.replace
+    stub = _stub_check_module()
+    sys.modules["labkit.check"] = stub
+    labkit.check = stub
+    signal.signal(signal.SIGALRM, _on_alarm)
+    install_guard(job["forbidden"], job["allowed"])
+
+    def display(*objs, **kwargs):
+        print(*objs)
+
+    for nb in job["notebooks"]:
+        emit(ev="nb_start", nb=nb["name"])
+        ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins, "display": display}
+        for number, src in nb["cells"]:
+            emit(ev="cell_start", nb=nb["name"], cell=number)
+            filename = f"<{nb['name']} code cell {number}>"
+            linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+            try:
+                _set_alarm(job["cell_timeout"])
+                exec(compile(src, filename, "exec"), ns)
+                _set_alarm(0)
+            except BaseException as exc:  # SystemExit and timeouts too: the notebook goes on
+                _set_alarm(0)
+                emit(ev="cell_error", nb=nb["name"], cell=number, error=describe(exc, job["cell_timeout"]))
+        for name in nb["functions"]:
+            emit(ev="fn_start", nb=nb["name"], fn=name)
+            todo = cases.get(name, [])
+            results = _grade_function(ns, name, callers[name], todo, job["exercise_timeout"], describe)
+            tmp = out / f".{name}.tmp"
+            try:
+                save({"cases": results}, tmp)
+            except BaseException as exc:
+                save({"cases": [{"error": f"its output could not be saved: {describe(exc, 0)}"}] * len(todo)}, tmp)
+            replace(tmp, out / f"{name}.pt")
+            emit(ev="fn_done", nb=nb["name"], fn=name)
+        emit(ev="nb_done", nb=nb["name"])
+    sys.stdout.flush()
+    os._exit(0)  # skip anything the student registered to run at exit
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

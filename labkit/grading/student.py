@@ -1,0 +1,192 @@
+"""Grading one student: run their notebooks in child processes (again after a crash), then judge.
+
+Per student, a work folder: scratch/ (the child's cwd, HOME and caches), run-N/{in,out} for each
+child launch, stage-<function>/{in,out} for a second stage. The parent writes only `in`, reads `out`.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from labkit.grading import supervise
+from labkit.grading.judge import NEEDS_GPU, Outcome, judge, load_results
+from labkit.grading.report import StudentReport
+from labkit.grading.specs import FnSpec
+from labkit.grading.submissions import defines_triton_kernel, extract_code, match_notebooks
+
+
+@dataclass
+class Context:
+    specs: dict[str, list[FnSpec]]
+    timeout: float
+    exercise_timeout: float
+    limits: supervise.Limits
+    gpu: bool
+    cuda_build: bool
+    forbidden: list[str]
+    workroot: Path
+    gpu_slots: Any = None  # queue of CUDA_VISIBLE_DEVICES values
+
+
+def _write_job(in_dir: Path, job: dict, cases: Any) -> None:
+    import torch
+
+    in_dir.mkdir(parents=True, exist_ok=True)
+    (in_dir / "job.json").write_text(json.dumps(job))
+    torch.save(cases, in_dir / "cases.pt")
+
+
+def _plan(ctx: Context, report: StudentReport, paths: list[Path]) -> list[dict]:
+    """The notebooks to run and the functions to grade in each; outcomes for what cannot be graded."""
+    matched, notes = match_notebooks(paths, list(ctx.specs))
+    report.notes += notes
+    jobs = []
+    for nb, specs in ctx.specs.items():
+        for s in specs:
+            if s.fn.needs_gpu and not ctx.cuda_build:
+                report.outcomes[s.name] = Outcome(s.points, None, NEEDS_GPU,
+                                                  ["needs a CUDA GPU and nvcc: not graded on this machine"])
+        if nb not in matched:
+            report.missing.append(nb)
+            continue
+        try:
+            cells, cell_notes = extract_code(matched[nb])
+        except Exception as exc:
+            for s in specs:
+                report.outcomes[s.name] = Outcome(s.points, 0.0, "failed",
+                                                  [f"could not read {matched[nb].name}: {exc}"])
+            continue
+        report.notes += [f"{nb}: {n}" for n in cell_notes]
+        fns = []
+        for s in specs:
+            if s.fn.needs_gpu and not ctx.cuda_build:
+                continue
+            if s.fn.requires_triton and not defines_triton_kernel(cells):
+                report.outcomes[s.name] = Outcome(s.points, 0.0, "failed", [
+                    f"no @triton.jit kernel in {matched[nb].name}: {s.name} must run a Triton kernel you wrote"])
+            else:
+                fns.append(s.name)
+        jobs.append({"name": nb, "cells": cells, "functions": fns})
+    return jobs
+
+
+def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device: str,
+                   report: StudentReport) -> tuple[dict[str, Path], dict[str, str]]:
+    """Run the notebooks in a child, again after a death for what is left; (results files, why some have none)."""
+    by_name = {s.name: s for specs in ctx.specs.values() for s in specs}
+    results: dict[str, Path] = {}
+    died: dict[str, str] = {}  # function -> why it has no result
+    remaining, launch = [j for j in jobs if j["functions"]], 0
+    while remaining:
+        launch += 1
+        run = work / f"run-{launch}"
+        job = {"notebooks": remaining, "device": device, "cell_timeout": ctx.exercise_timeout,
+               "exercise_timeout": ctx.exercise_timeout, "memory_mb": ctx.limits.memory_mb,
+               "rlimit_as": device == "cpu", "threads": ctx.limits.threads,
+               "forbidden": ctx.forbidden + [str(ctx.workroot)], "allowed": [str(work)]}
+        cases = {fn: ([{"args": {}}] if by_name[fn].fn.stage else [{"args": c["args"]} for c in by_name[fn].cases])
+                 for j in remaining for fn in j["functions"]}
+        _write_job(run / "in", job, cases)
+        events, killed, rc = supervise.launch("labkit.grading.child", run / "in", run / "out", run / "log.txt",
+                                              work / "scratch" / "cwd", env, ctx.limits,
+                                              120 + ctx.timeout * len(remaining), ctx.timeout)
+        results.update({fn: run / "out" / f"{fn}.pt" for j in remaining for fn in j["functions"]
+                        if (run / "out" / f"{fn}.pt").exists()})
+        done = {ev.get("nb") for ev in events if ev.get("ev") == "nb_done"}
+        started = [ev.get("nb") for ev in events if ev.get("ev") == "nb_start"]
+        for ev in events:
+            if ev.get("ev") == "cell_error" and ev.get("nb") in {j["name"] for j in remaining}:
+                report.notes.append(f"{ev['nb']}: code cell {ev.get('cell')} {str(ev.get('error'))[:300]}")
+        if all(j["name"] in done for j in remaining):
+            break
+        current = next((n for n in reversed(started) if n not in done), None)
+        why = killed or (f"the process was killed by {supervise.signal_name(rc)}" if rc is not None and rc < 0 else
+                         f"the process ended early (exit code {rc}: os._exit, or a crash)")
+        if current is None:  # died before running any notebook it was given
+            tail = supervise.log_tail(run / "log.txt")
+            for j in remaining:
+                for fn in j["functions"]:
+                    died[fn] = f"the grading process failed before running {j['name']}: {why}" + (
+                        f"\n    {tail}" if tail else "")
+            break
+        where, crashed_fn = "", None
+        for ev in reversed(events):
+            if ev.get("nb") != current:
+                continue
+            if ev.get("ev") == "cell_start":
+                where = f" while running code cell {ev.get('cell')}"
+                break
+            if ev.get("ev") == "fn_start":
+                where, crashed_fn = f" while grading {ev.get('fn')}", ev.get("fn")
+                break
+        job_of = next(j for j in remaining if j["name"] == current)
+        after = remaining[[j["name"] for j in remaining].index(current) + 1:]
+        if crashed_fn in job_of["functions"]:  # run the notebook again for the functions after it
+            died[crashed_fn] = f"{why}{where}"
+            rest = job_of["functions"][job_of["functions"].index(crashed_fn) + 1:]
+            remaining = ([dict(job_of, functions=rest)] if rest else []) + after
+        else:  # it died in a code cell: the notebook's functions get no result
+            for fn in job_of["functions"]:
+                died.setdefault(fn, f"{why}{where}")
+            remaining = after
+        report.incidents.append(f"{current}: {why}{where}")
+    return results, died
+
+
+def _run_stage(ctx: Context, work: Path, spec: FnSpec, results: list, env: dict) -> Outcome:
+    """The function's Stage (e.g. build the CUDA source it returned), in a fresh process with no student Python."""
+    first = results[0] if results and isinstance(results[0], dict) else {}
+    if "obs" not in first:
+        return judge(spec, None, str(first.get("error") or ("timed out" if first.get("timeout") else "no result")))
+    try:
+        source = spec.fn.stage.take(first["obs"])
+    except ValueError as exc:
+        return judge(spec, None, str(exc))
+    folder = work / f"stage-{spec.name}"
+    _write_job(folder / "in", {"function": spec.name, "input": source, "scratch": str(folder / "scratch")},
+               [{"args": c["args"]} for c in spec.cases])
+    _, killed, rc = supervise.launch("labkit.grading.stage", folder / "in", folder / "out", folder / "log.txt",
+                                     work / "scratch" / "cwd", env, ctx.limits, ctx.timeout + 300, None)
+    results2, problem = load_results(folder / "out" / f"{spec.name}.pt")
+    if results2 is None:
+        why = problem or killed or f"the build/run process ended with code {rc}"
+        tail = supervise.log_tail(folder / "log.txt", 8)
+        return judge(spec, None, why + (f"\n    {tail}" if tail else ""))
+    return judge(spec, results2, None)
+
+
+def grade_student(ctx: Context, index: int, student: str, paths: list[Path]) -> StudentReport:
+    """Grade one student's notebooks in child processes; never raises for anything the student did."""
+    t0 = time.monotonic()
+    report = StudentReport(student, {s.name: Outcome(s.points) for specs in ctx.specs.values() for s in specs})
+    work = ctx.workroot / f"{index:04d}"
+    for sub in ("cwd", "home", "cache", "triton", "ext"):
+        (work / "scratch" / sub).mkdir(parents=True, exist_ok=True)
+    jobs = _plan(ctx, report, paths)
+    cuda_visible = ctx.gpu_slots.get() if ctx.gpu_slots is not None else None
+    try:
+        device = "cuda" if ctx.gpu else "cpu"
+        env = supervise.child_env(ctx.limits, work / "scratch", device, cuda_visible)
+        files, died = _run_notebooks(ctx, work, jobs, env, device, report)
+        for nb in jobs:
+            for fn in nb["functions"]:
+                spec = next(s for s in ctx.specs[nb["name"]] if s.name == fn)
+                results, problem = load_results(files[fn]) if fn in files else (None, None)
+                if results is None:
+                    report.outcomes[fn] = judge(spec, None, problem or died.get(fn))
+                elif spec.fn.stage is not None:
+                    report.outcomes[fn] = _run_stage(ctx, work, spec, results, env)
+                else:
+                    report.outcomes[fn] = judge(spec, results, None)
+                if fn in died and results is not None and report.outcomes[fn].status != "ok":
+                    report.outcomes[fn].messages.append(died[fn])
+    finally:
+        if ctx.gpu_slots is not None:
+            ctx.gpu_slots.put(cuda_visible)
+    report.notes = list(dict.fromkeys(report.notes))  # a notebook run again repeats its cells' notes
+    report.incidents = list(dict.fromkeys(report.incidents))
+    report.seconds = time.monotonic() - t0
+    return report

@@ -1,0 +1,74 @@
+"""What a kernel module offers `labkit bench`: its benchmark cases, each a way to make timed calls.
+
+A kernel module defines `bench_cases() -> list[BenchCase]`; `labkit bench` loops over the modules
+in `labkit.kernels.BENCHMARKED` and times what each case's `make(dims, dtype, use_compile)` returns.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class Timed:
+    """One benchmark at one size: the Triton call, its baselines and how much work one call does."""
+
+    shape: str
+    triton: Callable[[], object]
+    baselines: dict[str, Callable[[], object] | None]
+    work: float  # bytes (memory-bound kernels) or FLOPs (unit "TFLOP/s")
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """A kernel's benchmark: its name in `labkit bench`, baselines, unit and default sizes and dtypes.
+
+    make(dims, dtype, use_compile) builds inputs of the parsed size on labkit's device and returns a Timed.
+    """
+
+    name: str
+    make: Callable[[tuple[int, ...], torch.dtype, bool], Timed]
+    gpu_sizes: tuple[str, ...]
+    cpu_sizes: tuple[str, ...]
+    baselines: tuple[str, ...] = ("eager", "compile")
+    unit: str = "GB/s"  # or "TFLOP/s": the ceiling is then the matmul rate of the dtype
+    gpu_dtypes: tuple[str, ...] = ("fp32", "bf16")
+    cpu_dtypes: tuple[str, ...] = ("fp32",)
+
+
+def rows_cols(dims: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, cols) of a size written N (one row) or MxN."""
+    return (dims[0], dims[1]) if len(dims) >= 2 else (1, dims[0])
+
+
+def maybe_compile(fn, use_compile: bool):
+    """torch.compile(fn), or None when compile baselines are off."""
+    if not use_compile:
+        return None
+    try:  # the backward rows call autograd.grad(retain_graph=True), which donated buffers forbid
+        import torch._functorch.config as functorch_config
+        functorch_config.donated_buffer = False
+    except (ImportError, AttributeError):
+        pass
+    return torch.compile(fn)
+
+
+def bind(fn, *args):
+    """A call of fn(*args), or None when fn is None."""
+    return (lambda: fn(*args)) if fn is not None else None
+
+
+def grad_fn(fn, inputs, dy):
+    """A call of the backward alone: the forward graph is built once and kept (retain_graph)."""
+    if fn is None:
+        return None
+    y = fn(*inputs)
+    return lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True)
+
+
+def randn(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    """Random inputs on labkit's device."""
+    from labkit.device import current
+    return torch.randn(*shape, device=current().device, dtype=dtype)

@@ -1,0 +1,62 @@
+"""`labkit bench`: every kernel module offers its cases; bench loops over them and keeps its output format.
+
+Times mean nothing here (the Triton interpreter on tiny sizes): these tests check what bench runs
+and writes, never how fast.
+"""
+import csv
+import json
+import types
+
+import pytest
+import torch
+
+from labkit import benchmark, kernels
+from labkit.kernels._bench import BenchCase, Timed
+
+CSV_HEAD = ["kernel", "shape", "dtype", "ms", "spread", "rate", "unit", "ceiling", "fraction"]
+
+
+def test_every_benchmarked_module_offers_well_formed_cases():
+    names = []
+    for module in kernels.BENCHMARKED:
+        cases = module.bench_cases()
+        assert cases, module.__name__
+        for case in cases:
+            assert isinstance(case, BenchCase) and case.unit in ("GB/s", "TFLOP/s")
+            assert case.cpu_sizes and case.gpu_sizes and set(case.gpu_dtypes) <= set(benchmark.DTYPES)
+            for size in case.cpu_sizes + case.gpu_sizes:
+                benchmark.parse_shape(size)
+            names.append(case.name)
+    assert len(names) == len(set(names))
+    assert {"vector_add", "bias_gelu_bwd", "softmax", "layer_norm_bwd", "adam", "matmul"} <= set(names)
+
+
+def test_bench_runs_two_kernels_and_saves_the_same_columns(tmp_path, capsys):
+    assert benchmark.main(["vector_add", "matmul", "--sizes", "33", "--save", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "vector_add  (rate from the minimum bytes/FLOPs" in out and "vs torch" in out
+    with open(tmp_path / "b.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0][:9] == CSV_HEAD and [r[0] for r in rows[1:]] == ["vector_add", "matmul"]
+    assert rows[2][1] == "33x33x33" and rows[2][6] == "TFLOP/s"
+    saved = json.loads((tmp_path / "b.json").read_text())
+    assert set(saved) == {"machine", "rows"} and list(saved["rows"][0]["baseline_ms"]) == ["eager", "compile"]
+
+
+def test_a_new_kernel_module_is_one_entry_in_the_list(monkeypatch, capsys):
+    def make(dims, dtype, use_compile):
+        x = torch.randn(*dims, dtype=dtype)
+        return Timed("x".join(map(str, dims)), lambda: x * 2, {"eager": lambda: x + x, "compile": None},
+                     2 * x.numel() * dtype.itemsize)
+
+    toy = types.ModuleType("labkit.kernels.toy_double")
+    toy.bench_cases = lambda: [BenchCase("toy_double", make, ("64",), ("5x7",))]
+    monkeypatch.setattr(kernels, "BENCHMARKED", kernels.BENCHMARKED + [toy])
+    assert benchmark.main(["toy_double"]) == 0
+    assert "toy_double" in capsys.readouterr().out
+
+
+def test_unknown_kernels_are_named_with_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        benchmark.main(["no_such_kernel"])
+    assert "choose from vector_add" in capsys.readouterr().err

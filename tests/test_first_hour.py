@@ -1,0 +1,33 @@
+"""What a new student meets first: time estimates per notebook as data, and README's troubleshooting."""
+import json
+import re
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
+
+
+def test_every_notebook_has_a_cpu_and_a_gpu_time_with_its_machine():
+    times = json.loads((ROOT / "notebooks" / "durations.json").read_text())
+    for column in ("cpu_quick", "gpu_full"):
+        assert times[column]["machine"] and times[column]["measured"]
+        assert sorted(times[column]["seconds"]) == NOTEBOOKS, column
+        assert all(0 < s < 3600 for s in times[column]["seconds"].values())
+    assert "H200" in times["gpu_full"]["machine"]
+
+
+def test_the_index_computes_the_time_table_from_the_data():
+    index = nbformat.read(ROOT / "notebooks" / "index.ipynb", as_version=4)
+    code = "\n".join(c.source for c in index.cells if c.cell_type == "code")
+    assert "durations.json" in code and "reference.runs()" in code
+    prose = "\n".join(c.source for c in index.cells if c.cell_type == "markdown")
+    assert not re.search(r"\d+\s*(s|min|seconds|minutes)\b", prose)  # no typed durations
+
+
+def test_readme_has_troubleshooting_for_the_first_hour():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    for topic in ("--allow-root", "token", "busy", "labkit info --refresh", "no GPU", "--full-on-cpu"):
+        assert topic in section, topic
