@@ -109,6 +109,36 @@ def bubble(events: list[dict]) -> dict:
     return {"makespan": t1 - t0, "per_stage": idle, "mean": statistics.fmean(idle)}
 
 
+def emulate(orders: list[list[Step]], stages: list[nn.Module], xs: list[torch.Tensor], ys: list[torch.Tensor]) -> float:
+    """Run each stage's order in one process, step by step as `simulate` plays them; return the loss.
+
+    The gradients land in the stages' .grad, as the p processes would leave them. ValueError for an
+    order that skips or repeats a step, or that deadlocks.
+    """
+    p, m = len(stages), len(xs)
+    for steps in orders:
+        check_order(steps, m)
+    events = simulate(p, m, order=lambda s, p_, m_: orders[s])
+    sent, ins, outs, loss = {}, {}, {}, 0.0
+    for e in sorted(events, key=lambda e: (e["start"], e["stage"])):
+        s, i = e["stage"], e["mb"]
+        if e["op"] == "F":
+            inp = xs[i] if s == 0 else sent.pop(("F", s, i)).detach().requires_grad_()   # what stage s-1 sent
+            out = stages[s](inp)
+            if s == p - 1:
+                out = F.mse_loss(out, ys[i]) / m
+                loss += float(out.detach())
+            else:
+                sent[("F", s + 1, i)] = out
+            ins[(s, i)], outs[(s, i)] = inp, out
+        else:
+            inp = ins.pop((s, i))
+            outs.pop((s, i)).backward(None if s == p - 1 else sent.pop(("B", s, i)))
+            if s > 0:
+                sent[("B", s - 1, i)] = inp.grad
+    return loss
+
+
 # ---- the model and its stages -------------------------------------------------------------------
 def make_model(p: int, layers: int, dim: int) -> nn.Sequential:
     """p * layers blocks Linear(dim, dim) + GELU; stage s is blocks [s*layers, (s+1)*layers)."""
