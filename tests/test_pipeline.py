@@ -40,6 +40,29 @@ def test_bad_orders_are_refused():
                    else [("F", 0), ("F", 1), ("B", 1), ("B", 0)])
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_emulated_pipeline_equals_one_process(schedule):
+    import torch
+    import torch.nn.functional as F
+
+    p, m, layers, dim = 3, 4, 2, 6
+    torch.manual_seed(1)
+    model = P.make_model(p, layers, dim)
+    x, y = P.data(m * 3, dim, 1)
+    ref = F.mse_loss(model(x), y)
+    ref.backward()
+    want = [q.grad.clone() for q in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    loss = P.emulate([P.ORDERS[schedule](s, p, m) for s in range(p)], [P.stage_of(model, s, layers) for s in range(p)],
+                     list(x.chunk(m)), list(y.chunk(m)))
+    assert loss == pytest.approx(float(ref.detach()), rel=1e-6)
+    for got, exp in zip(model.parameters(), want):
+        assert torch.allclose(got.grad, exp, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="once"):
+        P.emulate([[("F", 0), ("B", 0)]] * p, [P.stage_of(model, s, layers) for s in range(p)], list(x.chunk(m)),
+                  list(y.chunk(m)))
+
+
 def test_naive_two_devices_leaves_each_idle_half_the_time():
     r = P.naive_two_devices(("cpu", "cpu"), dim=32, layers=1, batch=8, steps=2)
     ev = sorted(r["events"], key=lambda e: e["start"])
