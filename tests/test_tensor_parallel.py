@@ -1,7 +1,8 @@
 """labkit.parallel.tensor_parallel: the column/row split over 2 gloo ranks equals one process, one all-reduce each way."""
 import pytest
 
-from labkit.parallel import launch, tensor_parallel as T
+from labkit.parallel import launch
+from labkit.parallel import tensor_parallel as T
 
 DIM, HIDDEN, TOKENS = 10, 24, 7
 

@@ -21,8 +21,8 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from labkit.ddp_train import _slowest
 from labkit.parallel import launch
@@ -128,7 +128,9 @@ def train(kind: str, model: nn.Module, args, ctx: launch.Ctx, mp: bool = False) 
     losses, tally, peak = [], {}, 0
     ddp_bytes = [0]
     if kind != "FSDP":
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+            allreduce_hook,
+        )
 
         def hook(state, bucket):
             ddp_bytes[0] += bucket.buffer().numel() * bucket.buffer().element_size()

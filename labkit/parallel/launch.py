@@ -76,7 +76,7 @@ def start(args: argparse.Namespace, prog: str) -> Ctx:
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
         backend, dev_type = choose(args.backend, args.device, local_world, gpus)

@@ -20,8 +20,8 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from labkit.parallel import launch
 
@@ -201,7 +201,7 @@ def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torc
                 w.wait()
         else:
             if pending is not None:
-                works.append(dist.isend(pending[0], pending[1]))
+                works.append((dist.isend(pending[0], pending[1]), pending[0]))   # keep the tensor until sent
             if buf is not None:
                 dist.recv(buf, peer)
         pending = None
@@ -232,8 +232,8 @@ def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torc
             time.sleep(pad)
         events.append({"stage": s, "op": op, "mb": i, "start": t0 - origin, "end": time.perf_counter() - origin})
     if pending is not None:
-        works.append(dist.isend(pending[0], pending[1]))
-    for w in works:
+        works.append((dist.isend(pending[0], pending[1]), pending[0]))
+    for w, _ in works:
         w.wait()
     out = {"events": events, "losses": losses, "peak_saved_bytes": peak, "per_mb_bytes": max(held.values()),
            "in_flight": in_flight(steps)}
@@ -247,19 +247,20 @@ def check(args, ctx: launch.Ctx) -> dict:
     import torch.distributed as dist
 
     torch.manual_seed(args.seed)
-    model = make_model(ctx.world, args.layers, args.dim)
-    x, y = data(args.check_m * args.micro_batch, args.dim, args.seed)
-    F.mse_loss(model(x), y).backward()   # the reference: every rank computes it (a small model)
-    ref_loss = float(F.mse_loss(model(x), y))
-    ref = [q.grad.clone() for q in stage_of(model, ctx.rank, args.layers).parameters()]
+    model = make_model(ctx.world, args.layers, args.check_dim).to(ctx.device)
+    x, y = data(args.check_m * 4, args.check_dim, args.seed)   # micro-batches of 4 rows
+    x, y = x.to(ctx.device), y.to(ctx.device)
+    loss = F.mse_loss(model(x), y)   # the reference: every rank computes it (a small model)
+    loss.backward()
+    ref_loss = float(loss.detach())
+    ref = [q.grad.detach().clone() for q in stage_of(model, ctx.rank, args.layers).parameters()]
     out = {"ref_loss": ref_loss, "grad_max_abs": max(float(g.abs().max()) for g in ref)}
     for schedule in args.schedules:
         stage = copy.deepcopy(stage_of(model, ctx.rank, args.layers)).to(ctx.device)
         stage.zero_grad(set_to_none=True)
-        xs = [c.to(ctx.device) for c in x.chunk(args.check_m)]
-        ys = [c.to(ctx.device) for c in y.chunk(args.check_m)]
+        xs, ys = list(x.chunk(args.check_m)), list(y.chunk(args.check_m))
         r = run_schedule(schedule, stage, ctx, xs, ys, 0.0)
-        diff = torch.tensor([max(float((q.grad.cpu() - g).abs().max()) for q, g in zip(stage.parameters(), ref))],
+        diff = torch.tensor([max(float((q.grad - g).abs().max()) for q, g in zip(stage.parameters(), ref))],
                             dtype=torch.float64, device=ctx.device)
         dist.all_reduce(diff, op=dist.ReduceOp.MAX)
         loss = torch.tensor([sum(r["losses"]) / args.check_m if r["losses"] else 0.0], dtype=torch.float64, device=ctx.device)
@@ -352,6 +353,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per (schedule, m); the median is reported")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per (schedule, m) first")
     ap.add_argument("--check-m", type=int, default=4, help="micro-batches in the correctness check")
+    ap.add_argument("--check-dim", type=int, default=32, help="layer width in the correctness check (a small model)")
     args = ap.parse_args(argv)
     try:
         args.ms = [int(v) for v in args.ms.split(",") if v]
@@ -360,8 +362,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--ms takes comma-separated integers, e.g. 1,2,4,8")
     if bad := [v for v in args.schedules if v not in ORDERS]:
         ap.error(f"unknown schedule(s) {bad}: use gpipe and/or 1f1b")
-    if not args.ms or min(args.ms) < 1 or min(args.dim, args.layers, args.micro_batch, args.repeats, args.check_m) < 1:
-        ap.error("--ms, --dim, --layers, --micro-batch, --repeats and --check-m must be at least 1")
+    if not args.ms or min(args.ms) < 1 or min(args.dim, args.layers, args.micro_batch, args.repeats, args.check_m, args.check_dim) < 1:
+        ap.error("--ms, --dim, --layers, --micro-batch, --repeats, --check-m and --check-dim must be at least 1")
     if args.stage_ms < 0:
         ap.error("--stage-ms must be >= 0")
     return args

@@ -20,8 +20,8 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from labkit.ddp_train import _slowest
 from labkit.parallel import launch
@@ -118,7 +118,11 @@ class TensorParallelMLP(nn.Module):
 def with_dtensor(mlp: MLP, device: torch.device, world: int) -> nn.Module:
     """The same split with PyTorch's ColwiseParallel / RowwiseParallel on a 1-D device mesh."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     mesh = init_device_mesh(device.type, (world,))
     return parallelize_module(copy.deepcopy(mlp), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
