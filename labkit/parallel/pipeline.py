@@ -254,18 +254,21 @@ def check(args, ctx: launch.Ctx) -> dict:
     loss.backward()
     ref_loss = float(loss.detach())
     ref = [q.grad.detach().clone() for q in stage_of(model, ctx.rank, args.layers).parameters()]
-    out = {"ref_loss": ref_loss, "grad_max_abs": max(float(g.abs().max()) for g in ref)}
+    scale = torch.tensor([max(float(g.abs().max()) for g in ref)], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(scale, op=dist.ReduceOp.MIN)   # the smallest stage's gradients: deep stacks shrink them
+    out = {"ref_loss": ref_loss, "grad_max_abs": float(scale.item())}
+    mine = max(float(g.abs().max()) for g in ref)
     for schedule in args.schedules:
         stage = copy.deepcopy(stage_of(model, ctx.rank, args.layers)).to(ctx.device)
         stage.zero_grad(set_to_none=True)
         xs, ys = list(x.chunk(args.check_m)), list(y.chunk(args.check_m))
         r = run_schedule(schedule, stage, ctx, xs, ys, 0.0)
-        diff = torch.tensor([max(float((q.grad - g).abs().max()) for q, g in zip(stage.parameters(), ref))],
-                            dtype=torch.float64, device=ctx.device)
+        err = max(float((q.grad - g).abs().max()) for q, g in zip(stage.parameters(), ref))
+        diff = torch.tensor([err, err / mine], dtype=torch.float64, device=ctx.device)   # absolute, relative to this stage's
         dist.all_reduce(diff, op=dist.ReduceOp.MAX)
         loss = torch.tensor([sum(r["losses"]) / args.check_m if r["losses"] else 0.0], dtype=torch.float64, device=ctx.device)
         dist.broadcast(loss, src=ctx.world - 1)
-        out[schedule] = {"grad_diff": float(diff.item()), "loss": float(loss.item()),
+        out[schedule] = {"grad_diff": float(diff[0]), "grad_rel_diff": float(diff[1]), "loss": float(loss.item()),
                          "loss_diff": abs(float(loss.item()) - ref_loss)}
     return out
 
