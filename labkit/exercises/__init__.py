@@ -10,7 +10,8 @@ from __future__ import annotations
 from types import ModuleType
 
 from labkit.exercises import (ex01_device_placement, ex02_transfers, ex03_timing, ex04_roofline,  # noqa: I001
-                              ex05_triton_row_sum, ex06_cuda_kernel, ex07_mixed_precision, ex08_data_parallel)
+                              ex05_triton_row_sum, ex06_cuda_kernel, ex07_mixed_precision, ex08_data_parallel,
+                              ex10_model_parallel)
 from labkit.exercises.spec import Function, Stage
 
 EXERCISES: list[ModuleType] = [
@@ -22,6 +23,7 @@ EXERCISES: list[ModuleType] = [
     ex06_cuda_kernel,
     ex07_mixed_precision,
     ex08_data_parallel,
+    ex10_model_parallel,
 ]
 
 __all__ = ["EXERCISES", "Function", "Stage", "by_notebook", "function", "functions"]

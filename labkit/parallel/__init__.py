@@ -1,0 +1,5 @@
+"""Model parallelism, one file per kind: pipeline stages, tensor-parallel layers, sharded data parallel.
+
+Each module is a script `torchrun` starts (one process per device) that writes its results as JSON;
+`launch.torchrun(...)` starts one from a notebook or a test.
+"""

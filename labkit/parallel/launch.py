@@ -1,0 +1,131 @@
+"""Start a labkit script on N processes with torchrun, and the set-up every such script shares.
+
+From a notebook or a test:  `result = launch.torchrun("labkit.parallel.pipeline", 2, ["--m", "4"])`.
+Inside the script:          `ctx = launch.start(args)` ... `launch.finish(ctx, result, args.out)`.
+`--standalone` lets torchrun's rendezvous pick a free port, so no port is fixed.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from labkit.ddp_train import choose
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+# NVLink SHARP (NVLS) needs multicast memory, which shared/virtualised GPU hosts often do not grant;
+# NCCL then fails at start-up. Without it NCCL uses ring/tree, the algorithms the course models.
+CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "OMP_NUM_THREADS": "1"}
+
+
+def torchrun(module: str, nproc: int, args: list[str], backend: str = "auto", device: str = "auto",
+             out: Path | None = None, timeout: float = 600, echo: bool = True) -> dict:
+    """Run `python -m torch.distributed.run --standalone --nproc_per_node nproc -m module ...`; return its JSON."""
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, not {nproc}")
+    out = Path(out) if out else Path(tempfile.mkdtemp(prefix="labkit-par-")) / f"{module.rsplit('.', 1)[-1]}.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "-m", module, "--out", str(out), "--backend", backend, "--device", device, *map(str, args)]
+    env = dict(os.environ, **CHILD_ENV,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    if echo:
+        print("$ python", " ".join(cmd[1:]).replace(str(out), out.name))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if done.returncode != 0:
+        said = [l for l in done.stderr.splitlines() if l.startswith(module + ":")]   # our own messages (start())
+        raise RuntimeError(f"{module} on {nproc} processes failed (exit {done.returncode}):\n"
+                           + ("\n".join(said) if said else (done.stdout + done.stderr)[-4000:]))
+    if echo and done.stdout.strip():
+        print(done.stdout.strip()[-1500:])
+    return json.loads(out.read_text())
+
+
+def add_common(ap: argparse.ArgumentParser) -> None:
+    """The options every parallel script takes."""
+    ap.add_argument("--out", type=Path, required=True, help="JSON file rank 0 writes the results to")
+    ap.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl on GPUs, gloo on CPUs")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="auto: one GPU per process when there are enough, else the CPU")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads per process")
+    ap.add_argument("--seed", type=int, default=0)
+
+
+@dataclass
+class Ctx:
+    """What a started process knows: its rank, the world size, its device and backend."""
+    rank: int
+    world: int
+    device: torch.device
+    backend: str
+
+
+def start(args: argparse.Namespace, prog: str) -> Ctx:
+    """Join the process group torchrun set up; SystemExit(2) with what to do when that cannot work."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        sys.exit(f"{prog}: no RANK/WORLD_SIZE in the environment: run me with torchrun, e.g. "
+                 f"python -m torch.distributed.run --standalone --nproc_per_node 2 -m {prog} --out r.json")
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    try:
+        backend, dev_type = choose(args.backend, args.device, local_world, gpus)
+    except ValueError as exc:   # e.g. fewer GPUs than processes
+        sys.exit(f"{prog}: {exc}")
+    if dev_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group(backend, device_id=device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, args.threads))
+        dist.init_process_group(backend)
+    return Ctx(rank, world, device, backend)
+
+
+def finish(ctx: Ctx, result: dict, out: Path) -> None:
+    """Rank 0 writes the result (with where it ran); every rank leaves the process group."""
+    import torch.distributed as dist
+
+    hosts = [None] * ctx.world
+    dist.all_gather_object(hosts, f"{platform.node()}:{ctx.device}")
+    if ctx.rank == 0:
+        result = {"world_size": ctx.world, "backend": ctx.backend, "device": ctx.device.type, "hosts": hosts,
+                  "torch": torch.__version__, **result}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1))
+
+
+def run_main(prog: str, parse, body, argv: list[str] | None = None) -> int:
+    """Parse, start, run `body(args, ctx) -> dict`, write it; always leave the process group (clean exit on error)."""
+    import torch.distributed as dist
+
+    args = parse(argv)
+    ctx = start(args, prog)
+    try:
+        result = body(args, ctx)
+        finish(ctx, result, args.out)
+        if ctx.rank == 0:
+            print(f"[{prog}] {ctx.world} x {ctx.backend} on {ctx.device.type}: wrote {args.out}")
+    finally:
+        # DDP and FSDP objects sit in reference cycles: free them while their process group still
+        # exists, or a later collection can abort the process ("terminate called without an active exception")
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,387 @@
+"""Pipeline parallelism: a model cut into p stages, one process each, fed m micro-batches.
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 -m labkit.parallel.pipeline --out r.json
+
+Stage s holds layers [s*L, (s+1)*L) and talks only to its neighbours: activations go forward to
+s+1, gradients come back from it. Two schedules, each a per-stage *order* of forward (F) and
+backward (B) steps on micro-batches: GPipe (all forwards, then all backwards) and 1F1B (a few
+forwards, then one forward one backward, so at most p - s micro-batches are in flight on stage s).
+With equal stage costs both idle for the same share of the time, the bubble (p-1)/(m+p-1).
+Every step's start and end is recorded; `--stage-ms` pads each forward to that many ms (backward
+to twice) with a sleep, so the costs are equal and controlled. `simulate` is the same schedule
+as a model (no processes), `naive_two_devices` the one-process `.to()` split.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from labkit.parallel import launch
+
+PROG = "labkit.parallel.pipeline"
+Step = tuple[str, int]   # ("F" or "B", micro-batch)
+
+
+def order_gpipe(stage: int, p: int, m: int) -> list[Step]:
+    """GPipe: every forward, then every backward (all m micro-batches' activations are kept)."""
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+
+
+def order_1f1b(stage: int, p: int, m: int) -> list[Step]:
+    """1F1B: p-1-stage warm-up forwards, then alternate one forward, one backward, then drain the backwards."""
+    warm = min(p - 1 - stage, m)
+    steps: list[Step] = [("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        steps += [("F", warm + i), ("B", i)]
+    return steps + [("B", i) for i in range(m - warm, m)]
+
+
+ORDERS = {"gpipe": order_gpipe, "1f1b": order_1f1b}
+
+
+def bubble_formula(p: int, m: int) -> float:
+    """The idle share of each stage with equal stage costs: (p-1)/(m+p-1)."""
+    return (p - 1) / (m + p - 1)
+
+
+def in_flight(steps: list[Step]) -> int:
+    """The most micro-batches forwarded but not yet backwarded (activations held) along an order."""
+    live = peak = 0
+    for op, _ in steps:
+        live += 1 if op == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def check_order(steps: list[Step], m: int) -> None:
+    """ValueError unless the order runs each F and B once per micro-batch, F(i) before B(i), F's and B's in turn."""
+    if sorted(steps) != sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)]):
+        raise ValueError(f"an order must hold F(i) and B(i) once for each of the {m} micro-batches: {steps}")
+    for op in "FB":
+        if [i for o, i in steps if o == op] != list(range(m)):
+            raise ValueError(f"the {op} steps must take micro-batches 0..{m - 1} in turn: {steps}")
+    for i in range(m):
+        if steps.index(("B", i)) < steps.index(("F", i)):
+            raise ValueError(f"B({i}) comes before F({i}): a backward needs its forward's activations")
+
+
+def simulate(p: int, m: int, schedule: str = "1f1b", f: float = 1.0, b: float = 2.0,
+             order=None) -> list[dict]:
+    """The schedule as a model: events (stage, op, mb, start, end) with forward cost f and backward b."""
+    order = order or ORDERS[schedule]
+    orders = [order(s, p, m) for s in range(p)]
+    done: dict[tuple[str, int, int], float] = {}
+    free, pos, events = [0.0] * p, [0] * p, []
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            if pos[s] == len(orders[s]):
+                continue
+            op, i = orders[s][pos[s]]
+            dep = ("F", s - 1, i) if op == "F" and s > 0 else ("B", s + 1, i) if op == "B" and s < p - 1 else None
+            if op == "B" and s == p - 1:
+                dep = ("F", s, i)
+            if dep is not None and dep not in done:
+                continue
+            start = max(free[s], done.get(dep, 0.0))
+            free[s] = done[(op, s, i)] = start + (f if op == "F" else b)
+            events.append({"stage": s, "op": op, "mb": i, "start": start, "end": free[s]})
+            pos[s] += 1
+            moved = True
+        if not moved:
+            raise ValueError(f"the orders deadlock: every stage waits ({[orders[s][pos[s]] for s in range(p) if pos[s] < len(orders[s])]})")
+    return events
+
+
+def bubble(events: list[dict]) -> dict:
+    """Makespan, and each stage's idle share of it (1 - busy / makespan), from recorded or simulated events."""
+    t0, t1 = min(e["start"] for e in events), max(e["end"] for e in events)
+    stages = sorted({e["stage"] for e in events})
+    busy = {s: sum(e["end"] - e["start"] for e in events if e["stage"] == s) for s in stages}
+    idle = [1 - busy[s] / (t1 - t0) for s in stages]
+    return {"makespan": t1 - t0, "per_stage": idle, "mean": statistics.fmean(idle)}
+
+
+def emulate(orders: list[list[Step]], stages: list[nn.Module], xs: list[torch.Tensor], ys: list[torch.Tensor]) -> float:
+    """Run each stage's order in one process, step by step as `simulate` plays them; return the loss.
+
+    The gradients land in the stages' .grad, as the p processes would leave them. ValueError for an
+    order that skips or repeats a step, or that deadlocks.
+    """
+    p, m = len(stages), len(xs)
+    for steps in orders:
+        check_order(steps, m)
+    events = simulate(p, m, order=lambda s, p_, m_: orders[s])
+    sent, ins, outs, loss = {}, {}, {}, 0.0
+    for e in sorted(events, key=lambda e: (e["start"], e["stage"])):
+        s, i = e["stage"], e["mb"]
+        if e["op"] == "F":
+            inp = xs[i] if s == 0 else sent.pop(("F", s, i)).detach().requires_grad_()   # what stage s-1 sent
+            out = stages[s](inp)
+            if s == p - 1:
+                out = F.mse_loss(out, ys[i]) / m
+                loss += float(out.detach())
+            else:
+                sent[("F", s + 1, i)] = out
+            ins[(s, i)], outs[(s, i)] = inp, out
+        else:
+            inp = ins.pop((s, i))
+            outs.pop((s, i)).backward(None if s == p - 1 else sent.pop(("B", s, i)))
+            if s > 0:
+                sent[("B", s - 1, i)] = inp.grad
+    return loss
+
+
+# ---- the model and its stages -------------------------------------------------------------------
+def make_model(p: int, layers: int, dim: int) -> nn.Sequential:
+    """p * layers blocks Linear(dim, dim) + GELU; stage s is blocks [s*layers, (s+1)*layers)."""
+    return nn.Sequential(*[nn.Sequential(nn.Linear(dim, dim), nn.GELU()) for _ in range(p * layers)])
+
+
+def stage_of(model: nn.Sequential, s: int, layers: int) -> nn.Sequential:
+    return nn.Sequential(*list(model)[s * layers:(s + 1) * layers])
+
+
+def data(n: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed + 11)
+    return torch.randn(n, dim, generator=g), torch.randn(n, dim, generator=g)
+
+
+class _Saved:
+    """Count the bytes autograd saves for backward (activations, not parameters) while active."""
+
+    def __init__(self, params: set[int]):
+        self.params, self.seen, self.bytes = params, set(), 0
+
+    def pack(self, t: torch.Tensor):
+        key = (t.data_ptr(), t.numel())
+        if t.data_ptr() not in self.params and key not in self.seen:
+            self.seen.add(key)
+            self.bytes += t.numel() * t.element_size()
+        return t
+
+
+def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torch.Tensor], ys: list[torch.Tensor],
+                 stage_ms: float, order=None) -> dict:
+    """Run one training step's forward and backward passes on this stage; return its events, loss, memory."""
+    import torch.distributed as dist
+
+    s, p, m = ctx.rank, ctx.world, len(xs)
+    steps = (order or ORDERS[schedule])(s, p, m)
+    check_order(steps, m)
+    last, dev = s == p - 1, ctx.device
+    shape, dtype = xs[0].shape, xs[0].dtype
+    params = {q.data_ptr() for q in stage.parameters()}
+    inputs, outputs, held, events, works, losses = {}, {}, {}, [], [], []
+    pending = None   # (tensor, peer): the last step's send, joined with the next receive from the same peer
+    live = peak = 0
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
+    dist.barrier()
+    launch.sync(dev)
+    # perf_counter is CLOCK_MONOTONIC on Linux, one clock for every process of a host: the earliest
+    # rank's start is the common origin (processes on several hosts would need their offsets measured)
+    origin = torch.tensor([time.perf_counter()], dtype=torch.float64, device=dev)
+    dist.all_reduce(origin, op=dist.ReduceOp.MIN)
+    origin = float(origin.item())
+    for op, i in steps:
+        peer = (s - 1 if s > 0 else None) if op == "F" else (s + 1 if not last else None)
+        buf = torch.empty(shape, dtype=dtype, device=dev) if peer is not None else None
+        if pending is not None and pending[1] == peer:   # one batched send+receive: no deadlock on NCCL
+            for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, pending[0], peer),
+                                             dist.P2POp(dist.irecv, buf, peer)]):
+                w.wait()
+        else:
+            if pending is not None:
+                works.append((dist.isend(pending[0], pending[1]), pending[0]))   # keep the tensor until sent
+            if buf is not None:
+                dist.recv(buf, peer)
+        pending = None
+        launch.sync(dev)
+        t0 = time.perf_counter()
+        if op == "F":
+            inp = xs[i] if s == 0 else buf.requires_grad_()
+            saved = _Saved(params)
+            with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+                out = stage(inp)
+                if last:
+                    out = F.mse_loss(out, ys[i]) / m   # the mean over micro-batches = the whole batch's loss
+                    losses.append(float(out.detach()) * m)
+            inputs[i], outputs[i], held[i] = inp, out, saved.bytes + (inp.numel() * inp.element_size() if s else 0)
+            live += held[i]
+            peak = max(peak, live)
+            if not last:
+                pending = (out.detach(), s + 1)
+        else:
+            outputs[i].backward(None if last else buf)
+            if s > 0:
+                pending = (inputs[i].grad, s - 1)
+            live -= held[i]
+            del inputs[i], outputs[i]
+        launch.sync(dev)
+        pad = (stage_ms if op == "F" else 2 * stage_ms) / 1e3 - (time.perf_counter() - t0)
+        if pad > 0:
+            time.sleep(pad)
+        events.append({"stage": s, "op": op, "mb": i, "start": t0 - origin, "end": time.perf_counter() - origin})
+    if pending is not None:
+        works.append((dist.isend(pending[0], pending[1]), pending[0]))
+    for w, _ in works:
+        w.wait()
+    out = {"events": events, "losses": losses, "peak_saved_bytes": peak, "per_mb_bytes": max(held.values()),
+           "in_flight": in_flight(steps)}
+    if dev.type == "cuda":
+        out["peak_cuda_bytes"] = torch.cuda.max_memory_allocated(dev) - base
+    return out
+
+
+def check(args, ctx: launch.Ctx) -> dict:
+    """Each schedule's loss and this stage's gradients against one process on the whole batch."""
+    import torch.distributed as dist
+
+    torch.manual_seed(args.seed)
+    model = make_model(ctx.world, args.layers, args.check_dim).to(ctx.device)
+    x, y = data(args.check_m * 4, args.check_dim, args.seed)   # micro-batches of 4 rows
+    x, y = x.to(ctx.device), y.to(ctx.device)
+    loss = F.mse_loss(model(x), y)   # the reference: every rank computes it (a small model)
+    loss.backward()
+    ref_loss = float(loss.detach())
+    ref = [q.grad.detach().clone() for q in stage_of(model, ctx.rank, args.layers).parameters()]
+    scale = torch.tensor([max(float(g.abs().max()) for g in ref)], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(scale, op=dist.ReduceOp.MIN)   # the smallest stage's gradients: deep stacks shrink them
+    out = {"ref_loss": ref_loss, "grad_max_abs": float(scale.item())}
+    mine = max(float(g.abs().max()) for g in ref)
+    for schedule in args.schedules:
+        stage = copy.deepcopy(stage_of(model, ctx.rank, args.layers)).to(ctx.device)
+        stage.zero_grad(set_to_none=True)
+        xs, ys = list(x.chunk(args.check_m)), list(y.chunk(args.check_m))
+        r = run_schedule(schedule, stage, ctx, xs, ys, 0.0)
+        err = max(float((q.grad - g).abs().max()) for q, g in zip(stage.parameters(), ref))
+        diff = torch.tensor([err, err / mine], dtype=torch.float64, device=ctx.device)   # absolute, relative to this stage's
+        dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+        loss = torch.tensor([sum(r["losses"]) / args.check_m if r["losses"] else 0.0], dtype=torch.float64, device=ctx.device)
+        dist.broadcast(loss, src=ctx.world - 1)
+        out[schedule] = {"grad_diff": float(diff[0]), "grad_rel_diff": float(diff[1]), "loss": float(loss.item()),
+                         "loss_diff": abs(float(loss.item()) - ref_loss)}
+    return out
+
+
+def sweep(args, ctx: launch.Ctx) -> list[dict]:
+    """For each schedule and m: the median measured bubble over repeats, the events of that run, memory per stage."""
+    import torch.distributed as dist
+
+    torch.manual_seed(args.seed)
+    stage = stage_of(make_model(ctx.world, args.layers, args.dim), ctx.rank, args.layers).to(ctx.device)
+    rows = []
+    for schedule in args.schedules:
+        for m in args.ms:
+            x, y = data(m * args.micro_batch, args.dim, args.seed)
+            xs, ys = [c.to(ctx.device) for c in x.chunk(m)], [c.to(ctx.device) for c in y.chunk(m)]
+            runs = []
+            for rep in range(args.warmup + args.repeats):
+                stage.zero_grad(set_to_none=True)
+                mine = run_schedule(schedule, stage, ctx, xs, ys, args.stage_ms)
+                every = [None] * ctx.world
+                dist.all_gather_object(every, mine)
+                if rep >= args.warmup:
+                    events = [e for r in every for e in r["events"]]
+                    runs.append((bubble(events)["mean"], events, every))
+            runs.sort(key=lambda r: r[0])
+            med, events, every = runs[len(runs) // 2]
+            row = {"schedule": schedule, "p": ctx.world, "m": m, "bubble": med, "bubbles": [r[0] for r in runs],
+                   "formula": bubble_formula(ctx.world, m), "events": events,
+                   "makespan_s": bubble(events)["makespan"], "per_stage_bubble": bubble(events)["per_stage"],
+                   "peak_saved_bytes": [r["peak_saved_bytes"] for r in every],
+                   "per_mb_bytes": [r["per_mb_bytes"] for r in every], "in_flight": [r["in_flight"] for r in every]}
+            if "peak_cuda_bytes" in every[0]:
+                row["peak_cuda_bytes"] = [r["peak_cuda_bytes"] for r in every]
+            rows.append(row)
+    return rows
+
+
+def naive_two_devices(devices: tuple[str, str], dim: int = 256, layers: int = 2, batch: int = 64,
+                      steps: int = 3) -> dict:
+    """One process, first half of the model on devices[0], second on devices[1] via .to(): who works when.
+
+    Each step is forward A, forward B, backward B, backward A, one after another: while one device
+    computes, the other waits for it, so each is busy about half the time at best.
+    """
+    torch.manual_seed(0)
+    model = make_model(2, layers, dim)
+    a, b = stage_of(model, 0, layers).to(devices[0]), stage_of(model, 1, layers).to(devices[1])
+    x, y = data(batch, dim, 0)
+    x, y = x.to(devices[0]), y.to(devices[1])
+    events = []
+
+    def timed(dev: str, name: str, fn):
+        launch.sync(torch.device(dev))
+        t0 = time.perf_counter()
+        r = fn()
+        launch.sync(torch.device(dev))
+        events.append({"stage": 0 if name.endswith("A") else 1, "op": name[0], "mb": 0,
+                       "start": t0, "end": time.perf_counter()})
+        return r
+
+    best = None
+    for _ in range(steps):   # keep the fastest step (the least disturbed by other work on the host)
+        events.clear()
+        h = timed(devices[0], "F A", lambda: a(x))
+        hb = h.detach().to(devices[1]).requires_grad_()   # the copy between devices is the only link
+        loss = timed(devices[1], "F B", lambda: F.mse_loss(b(hb), y))
+        timed(devices[1], "B B", loss.backward)
+        timed(devices[0], "B A", lambda: h.backward(hb.grad.to(devices[0])))
+        t0 = events[0]["start"]
+        step = [{**e, "start": e["start"] - t0, "end": e["end"] - t0} for e in events]
+        if best is None or step[-1]["end"] < best[-1]["end"]:
+            best = step
+    return {"devices": list(devices), "events": best, **bubble(best)}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    launch.add_common(ap)
+    ap.add_argument("--dim", type=int, default=64, help="width of every layer and of the activations sent")
+    ap.add_argument("--layers", type=int, default=2, help="Linear+GELU blocks per stage")
+    ap.add_argument("--micro-batch", type=int, default=8, help="rows per micro-batch")
+    ap.add_argument("--ms", type=str, default="1,2,4,8", help="comma-separated micro-batch counts m to sweep")
+    ap.add_argument("--schedules", type=str, default="gpipe,1f1b", help="comma-separated: gpipe, 1f1b")
+    ap.add_argument("--stage-ms", type=float, default=5.0, help="pad each forward to this many ms (backward to 2x); 0: compute only")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per (schedule, m); the median is reported")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs per (schedule, m) first")
+    ap.add_argument("--check-m", type=int, default=4, help="micro-batches in the correctness check")
+    ap.add_argument("--check-dim", type=int, default=32, help="layer width in the correctness check (a small model)")
+    args = ap.parse_args(argv)
+    try:
+        args.ms = [int(v) for v in args.ms.split(",") if v]
+        args.schedules = [v for v in args.schedules.split(",") if v]
+    except ValueError:
+        ap.error("--ms takes comma-separated integers, e.g. 1,2,4,8")
+    if bad := [v for v in args.schedules if v not in ORDERS]:
+        ap.error(f"unknown schedule(s) {bad}: use gpipe and/or 1f1b")
+    if not args.ms or min(args.ms) < 1 or min(args.dim, args.layers, args.micro_batch, args.repeats, args.check_m, args.check_dim) < 1:
+        ap.error("--ms, --dim, --layers, --micro-batch, --repeats, --check-m and --check-dim must be at least 1")
+    if args.stage_ms < 0:
+        ap.error("--stage-ms must be >= 0")
+    return args
+
+
+def body(args, ctx: launch.Ctx) -> dict:
+    if ctx.world < 2:
+        sys.exit(f"{PROG}: a pipeline needs at least 2 stages (processes); use --nproc_per_node 2 or more")
+    return {"args": {k: v for k, v in vars(args).items() if k != "out"}, "check": check(args, ctx),
+            "sweep": sweep(args, ctx)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return launch.run_main(PROG, parse_args, body, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
