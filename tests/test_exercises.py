@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
 GRADED_FUNCTIONS = ["causal_mask", "to_device", "pinned_copy", "overlapped_map", "median_ms", "matmul_flops_bytes",
                     "attainable_tflops", "row_sum", "found_inf", "update_scale", "average_gradients",
-                    "accumulated_grads"]
+                    "accumulated_grads", "flash_attention", "fast_train"]
 
 
 def code_of(nb: dict) -> list[str]:
@@ -176,3 +176,67 @@ def test_compare_lists_indices_and_values_of_differing_elements():
     assert check.compare({"a": 1.0}, {"a": 1.0 + 1e-12}, rtol=1e-9) == []
     assert "expected a tuple, got a list" in check.compare((1, 2), [1, 2])[0]
     assert "expected True" in check.compare(True, 1)[0]
+
+
+def test_attention_check_needs_the_notebooks_own_triton_kernel(capsys, tmp_path):
+    import torch.nn.functional as F
+
+    from labkit import kernels
+    from labkit.exercises.ex09_attention import RAN_OWN_KERNEL
+
+    def sdpa(q, k, v, causal):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def labkits(q, k, v, causal):
+        return kernels.attention(q, k, v, causal=causal)
+
+    for fn in (sdpa, labkits):  # right values, but not a kernel of the notebook's
+        assert check.flash_attention(fn) is False
+        out = capsys.readouterr().out
+        assert f"{RAN_OWN_KERNEL}: expected True, got False" in out and "Traceback" not in out
+    wrong = functions_from_edited(SOLUTIONS / "09_attention.ipynb", "acc * alpha[:, None]", "acc", tmp_path)
+    assert check.flash_attention(wrong["flash_attention"]) is False
+    assert "elements differ" in capsys.readouterr().out
+
+
+def test_profiling_check_measures_the_speed_up_and_the_results(capsys):
+    from labkit.exercises.ex11_profiling import slow_train
+
+    assert check.fast_train(slow_train) is False  # right results, no faster
+    out = capsys.readouterr().out
+    assert "speed-up:" in out and "measured by the grader" in out and "at least 2x is needed" in out
+    fast = functions_from(SOLUTIONS / "11_profiling.ipynb")["fast_train"]
+    assert check.fast_train(lambda p, xs, ys, lr, momentum, max_norm: fast(p, xs, ys, lr, momentum, 1e9)) is False
+    assert "results[0][0]['w1']" in capsys.readouterr().out  # no clipping: other parameters
+
+
+def test_triton_stubs_read_as_not_done_yet():
+    import ast
+
+    from triton.compiler.errors import UnsupportedLanguageConstruct
+    from triton.runtime.errors import InterpreterError
+
+    from labkit.exercises.feedback import describe_error, not_done
+
+    try:  # the interpreter wraps a kernel's exception
+        try:
+            raise NotImplementedError("the update")
+        except NotImplementedError as inner:
+            raise InterpreterError(repr(inner)) from inner
+    except InterpreterError as exc:
+        assert describe_error(exc) == "not done yet: the update" and not_done(exc)
+    src = 'def k(x):\n    raise NotImplementedError("the update")\n'  # a GPU's compiler refuses the stub
+    exc = UnsupportedLanguageConstruct(src, ast.parse(src).body[0].body[0], "unsupported AST node type: Raise")
+    assert describe_error(exc) == "not done yet: the update" and not_done(exc)
+    assert not not_done(UnsupportedLanguageConstruct(src, ast.parse("x = 1").body[0], "other"))
+
+
+def functions_from_edited(path: Path, old: str, new: str, folder: Path) -> dict:
+    """functions_from a copy of the notebook with `old` replaced by `new` in its code."""
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        cell["source"] = src.replace(old, new)
+    copy = folder / path.name
+    copy.write_text(json.dumps(nb))
+    return functions_from(copy)

@@ -63,12 +63,16 @@ def graded(tmp_path_factory):
     base = tmp_path_factory.mktemp("grading")
     subs, out = base / "submissions", base / "out"
     subs.mkdir()
-    names = [p.stem for p in sorted(SOLUTIONS.glob("0*.ipynb"))]
+    names = [p.stem for p in sorted(SOLUTIONS.glob("[0-9]*.ipynb"))]
     save(subs, "solution", {n: nb(n) for n in names})
     save(subs, "exercise", {n: nb(n, EXERCISES) for n in names})
 
-    # wrong answers: off-by-one mask, made on the wrong device, wrong shape, wrong dtype
+    # wrong answers: off-by-one mask, made on the wrong device, wrong shape, wrong dtype, a running sum not
+    # rescaled, a "fast" version that is the slow one
     save(subs, "wrong", {
+        "09_attention": edit(nb("09_attention"), "acc * alpha[:, None]", "acc"),
+        "11_profiling": edit(nb("11_profiling"), "    device = params[\"w1\"].device\n    params = {",
+                             "    return slow_train(params, xs, ys, lr, momentum, max_norm)\n    params = {"),
         "05_triton_row_sum": edit(nb("05_triton_row_sum"), "mask = cols < n_cols", "mask = cols < n_cols - 1"),
         "01_device_placement": edit(nb("01_device_placement"), "dtype=torch.bool, device=x.device)",
                                     "dtype=torch.bool)"),
@@ -109,7 +113,9 @@ def graded(tmp_path_factory):
     table = visible_attainable_table()
     cached = edit(nb("04_roofline"), "return min(peak_tflops, flops / nbytes * peak_gbps / 1e3)",
                   f"return {table!r}.get((flops, nbytes, peak_tflops, peak_gbps), 1.0)")
-    save(subs, "cheater", {"01_device_placement": cheat, "04_roofline": cached})
+    sdpa = edit(nb("09_attention"), "    q, k, v = (t if t.stride(-1) == 1",
+                "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n    q, k, v = (t if t.stride(-1) == 1")
+    save(subs, "cheater", {"01_device_placement": cheat, "04_roofline": cached, "09_attention": sdpa})
     # reads the solutions and the graded tests, writes the grades, signals the grader
     snoop = edit(nb("04_roofline"), "return 2 * m * n * k, (m * k + k * n + m * n) * itemsize",
                  f"text = open({str(SOLUTIONS / '04_roofline.ipynb')!r}).read()\n"
@@ -142,14 +148,14 @@ def test_solutions_score_full_marks_and_gpu_work_is_marked_needs_gpu(graded):
     rows, feedback, _ = graded
     r = rows["solution"]
     assert r["scale_kernel_source"] == judge.NEEDS_GPU  # graded with --device cpu
-    assert r["total"] == r["out_of"] == "14", feedback["solution"]
+    assert r["total"] == r["out_of"] == "18", feedback["solution"]
     assert "do not count against you" in feedback["solution"]
 
 
 def test_untouched_exercises_score_zero_with_not_done_yet(graded):
     rows, feedback, _ = graded
-    assert rows["exercise"]["total"] == "0" and rows["exercise"]["out_of"] == "14"
-    assert feedback["exercise"].count("not done yet") == 12
+    assert rows["exercise"]["total"] == "0" and rows["exercise"]["out_of"] == "18"
+    assert feedback["exercise"].count("not done yet") == 14
 
 
 def test_wrong_answers_lose_marks_with_what_is_wrong(graded):
@@ -160,7 +166,9 @@ def test_wrong_answers_lose_marks_with_what_is_wrong(graded):
     assert r["average_gradients"] == "0" and "wrong shape: expected (5,), got (1, 5)" in fb
     assert r["accumulated_grads"] == "0" and "wrong dtype: expected torch.float32, got torch.float64" in fb
     assert r["to_device"] == "1" and r["found_inf"] == "0"  # graded notebooks not submitted count zero
-    assert "Not submitted (their functions score 0): `02_transfers.ipynb`" in fb and r["out_of"] == "14"
+    assert r["flash_attention"] == "0.33" and "elements differ (rtol=0.016" in fb  # right only at 1 token (one tile)
+    assert r["fast_train"] == "0" and "speed-up:" in fb and "at least 2x is needed" in fb  # right, but not faster
+    assert "Not submitted (their functions score 0): `02_transfers.ipynb`" in fb and r["out_of"] == "18"
     assert r["scale_kernel_source"] == judge.NEEDS_GPU and "not submitted: 02_transfers" in r["notes"]
 
 
@@ -204,6 +212,8 @@ def test_cheating_in_the_students_own_process_does_not_pay(graded):
     assert rows["cheater"]["causal_mask"] == "0" and "elements differ" in feedback["cheater"]
     assert rows["cheater"]["attainable_tflops"] == "0"  # cached visible answers fail on the hidden cases
     assert rows["cheater"]["matmul_flops_bytes"] == "1"
+    assert rows["cheater"]["flash_attention"] == "0"  # PyTorch's attention instead of the notebook's kernel
+    assert "ran a @triton.jit kernel defined in your notebook: expected True, got False" in feedback["cheater"]
 
 
 def test_the_cached_answers_would_have_passed_the_visible_check(capsys):

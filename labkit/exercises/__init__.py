@@ -10,8 +10,8 @@ from __future__ import annotations
 from types import ModuleType
 
 from labkit.exercises import (ex01_device_placement, ex02_transfers, ex03_timing, ex04_roofline,  # noqa: I001
-                              ex05_triton_row_sum, ex06_cuda_kernel, ex07_mixed_precision, ex08_data_parallel,
-                              ex10_model_parallel)
+                              ex05_triton_row_sum, ex06_cuda_kernel, ex07_mixed_precision, ex08_data_parallel)
+from labkit.exercises import ex09_attention, ex10_model_parallel, ex11_profiling  # noqa: I001
 from labkit.exercises.spec import Function, Stage
 
 EXERCISES: list[ModuleType] = [
@@ -23,7 +23,9 @@ EXERCISES: list[ModuleType] = [
     ex06_cuda_kernel,
     ex07_mixed_precision,
     ex08_data_parallel,
+    ex09_attention,
     ex10_model_parallel,
+    ex11_profiling,
 ]
 
 __all__ = ["EXERCISES", "Function", "Stage", "by_notebook", "function", "functions"]

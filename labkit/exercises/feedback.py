@@ -1,6 +1,7 @@
 """What a student reads: one line about an exception, and the verdict of a check on the visible cases."""
 from __future__ import annotations
 
+import ast
 import os
 import traceback
 from typing import Any
@@ -21,10 +22,42 @@ def _where(exc: BaseException) -> str:
     return ""
 
 
+def _unwrap(exc: BaseException) -> BaseException:
+    """The error inside a Triton interpreter's wrapper (InterpreterError: the kernel's own exception)."""
+    while type(exc).__name__ == "InterpreterError" and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
+
+
+def _stub_hint(exc: BaseException) -> str | None:
+    """The hint of a `raise NotImplementedError(...)` stub that Triton refused to compile in a kernel, else None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        node = getattr(exc, "node", None)
+        if isinstance(node, ast.Raise) and type(exc).__module__.startswith("triton"):
+            call = node.exc
+            name = call.func if isinstance(call, ast.Call) else call
+            if isinstance(name, ast.Name) and name.id == "NotImplementedError":
+                args = call.args if isinstance(call, ast.Call) else []
+                return str(args[0].value) if args and isinstance(args[0], ast.Constant) else ""
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def not_done(exc: BaseException) -> bool:
+    """True when `exc` is an exercise stub's NotImplementedError (raised, or refused by Triton's compiler)."""
+    return isinstance(_unwrap(exc), NotImplementedError) or _stub_hint(exc) is not None
+
+
 def describe_error(exc: BaseException) -> str:
     """One line for a student about an exception their code raised."""
+    exc = _unwrap(exc)
     if isinstance(exc, NotImplementedError):
         return f"not done yet: {exc}" if str(exc) else "not done yet"
+    hint = _stub_hint(exc)
+    if hint is not None:
+        return f"not done yet: {hint}" if hint else "not done yet"
     text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
     return f"raised {type(exc).__name__}{': ' + text if text else ''}{_where(exc)}"
 
@@ -35,7 +68,7 @@ def run_cases(name: str, fn: Any, call, cases: list[dict], compare) -> bool:
         try:
             got = call(fn, case["args"])
         except Exception as exc:
-            mark = "…" if isinstance(exc, NotImplementedError) else "✗"
+            mark = "…" if not_done(exc) else "✗"
             print(f"{mark} {name}: {describe_error(exc)}" + ("" if mark == "…" else f"\n  on {case['about']}"))
             return False
         problems = compare(case["expected"], got, case.get("rtol", 0.0), case.get("atol", 0.0))

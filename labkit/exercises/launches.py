@@ -1,18 +1,37 @@
-"""Which Triton kernels ran: a hook on Triton's launch path, so a check can tell a kernel was launched on x.
+"""Which Triton kernels a call launched, so an exercise can require the student's own kernel to run on x.
 
-`record()` collects, while it is open, the tensors each Triton launch received (the compiled
-JITFunction.run on a GPU, InterpretedFunction.run on the CPU interpreter); `touched(x, seen)` says
-whether one of them is x's memory or holds x's values (a copy such as x.contiguous()).
+`install()` (also `bind()`, an exercise's `prepare` hook) wraps the launch entry points of compiled
+(JITFunction) and interpreted (InterpretedFunction) kernels once, before student code runs. Inside
+`record()` each launch is listed with its name, the file its kernel was defined in and the tensors it got:
+`touched(x, launched)` says whether one of them was x (or a copy of x); `own(launched)` keeps the kernels
+defined outside labkit, torch and triton (the notebook's). Import triton only after labkit.setup().
 """
 from __future__ import annotations
 
 import contextlib
+import os
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 
-_active: list[list[torch.Tensor]] = []
+LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class Launch:
+    name: str
+    where: str  # the file the kernel was defined in
+    tensors: list[torch.Tensor] = field(default_factory=list)
+
+
+_active: list[list[Launch]] = []
 _installed = False
+
+
+def _where(kernel: object) -> str:
+    code = getattr(getattr(kernel, "fn", kernel), "__code__", None)
+    return code.co_filename if code is not None else "?"
 
 
 def install() -> bool:
@@ -24,18 +43,19 @@ def install() -> bool:
         from triton.runtime import jit
     except ImportError:
         return False
-    classes = [jit.JITFunction]
+    classes: list[type] = [jit.JITFunction]
     try:
         from triton.runtime.interpreter import InterpretedFunction
         classes.append(InterpretedFunction)
-    except ImportError:
+    except ImportError:  # a Triton without the interpreter
         pass
     for cls in classes:
         original = cls.run
 
         def run(self, *args, _original=original, **kwargs):
-            if _active and not kwargs.get("warmup"):
-                _active[-1].extend(a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor))
+            if _active and not kwargs.get("warmup", False):
+                tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+                _active[-1].append(Launch(getattr(getattr(self, "fn", self), "__name__", "?"), _where(self), tensors))
             return _original(self, *args, **kwargs)
 
         cls.run = run
@@ -43,22 +63,27 @@ def install() -> bool:
     return True
 
 
-@contextlib.contextmanager
-def record() -> Iterator[list[torch.Tensor]]:
-    """The tensors handed to Triton kernels launched inside the block (after it ends)."""
+def bind(device: str | None = None) -> None:
+    """An exercise's `prepare` hook: install the wrapper before student code runs (`device` unused)."""
     install()
-    seen: list[torch.Tensor] = []
-    _active.append(seen)
+
+
+@contextlib.contextmanager
+def record() -> Iterator[list[Launch]]:
+    """The Triton launches made inside the block (filled in as they happen)."""
+    install()
+    launched: list[Launch] = []
+    _active.append(launched)
     try:
-        yield seen
+        yield launched
     finally:
-        _active.remove(seen)
+        _active.remove(launched)
 
 
-def touched(x: torch.Tensor, seen: list[torch.Tensor]) -> bool:
+def touched(x: torch.Tensor, launched: list[Launch]) -> bool:
     """Whether a launched kernel got x's memory, or a tensor holding x's values (a copy of x)."""
     ptr = x.untyped_storage().data_ptr()
-    for t in seen:
+    for t in (t for launch in launched for t in launch.tensors):
         if x.numel() and t.untyped_storage().data_ptr() == ptr:
             return True
         if t.numel() == x.numel() and t.dtype == x.dtype and t.device == x.device:
@@ -68,3 +93,10 @@ def touched(x: torch.Tensor, seen: list[torch.Tensor]) -> bool:
             except RuntimeError:
                 continue
     return False
+
+
+def own(launched: list[Launch]) -> list[str]:
+    """The launched kernels defined in the student's code: not in labkit, torch, triton or generated code."""
+    skip = (LABKIT_DIR + os.sep, os.path.dirname(torch.__file__) + os.sep, os.sep + "triton" + os.sep,
+            "torchinductor")
+    return [launch.name for launch in launched if not any(s in launch.where for s in skip)]

@@ -1,0 +1,65 @@
+"""Exercise 09, attention: `flash_attention(q, k, v, causal)`, a Triton FlashAttention forward whose
+online-softmax update the student writes; it must launch the notebook's own @triton.jit kernel."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from labkit.exercises import launches
+from labkit.exercises.inputs import here
+from labkit.exercises.observe import expect_tensor, snapshot
+from labkit.exercises.spec import Function
+
+NOTEBOOK = "09_attention"
+RAN_OWN_KERNEL = "ran a @triton.jit kernel defined in your notebook"
+# bf16 keeps 8 significant bits, fp16 11: the output is rounded once to its dtype, the reference is exact
+TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+
+def _layout(base: torch.Tensor, layout: str) -> torch.Tensor:
+    """q, k or v as (B, H, N, d): `base` itself ("bhnd"), or a (B, N, H, d) tensor seen through transpose(1, 2)."""
+    return base.transpose(1, 2) if layout == "bnhd" else base
+
+
+def call_flash_attention(fn, args):
+    device = torch.device(args.get("device", "cpu"))
+    q, k, v = (_layout(args[n].to(device), args.get("layout", "bhnd")) for n in ("q", "k", "v"))
+    with launches.record() as launched:
+        out = fn(q, k, v, args["causal"])
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return {"output": snapshot(out), RAN_OWN_KERNEL: bool(launches.own(launched))}
+
+
+def flash_attention_case(about: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, device: str,
+                         layout: str = "bhnd") -> dict:
+    """flash_attention on (B, H, N, d) inputs (stored as (B, N, H, d) for layout "bnhd"), against SDPA in float64."""
+    qs, ks, vs = (_layout(t, layout).double() for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
+    tol = TOL[q.dtype]
+    return {"about": about, "args": {"q": q, "k": k, "v": v, "causal": causal, "device": device, "layout": layout},
+            "expected": {"output": expect_tensor(ref.to(q.dtype), device), RAN_OWN_KERNEL: True},
+            "rtol": tol, "atol": tol}
+
+
+def random_case(g: torch.Generator, shape: tuple[int, int, int, int], dtype: torch.dtype, causal: bool, device: str,
+                layout: str = "bhnd") -> dict:
+    """A case with fresh random q, k, v of (B, H, N, d) `shape` drawn from `g`."""
+    B, H, N, D = shape
+    stored = (B, N, H, D) if layout == "bnhd" else shape
+    q, k, v = (torch.randn(stored, generator=g).to(dtype) for _ in range(3))
+    about = (f"q, k, v of shape {shape} {str(dtype).removeprefix('torch.')}, {'causal' if causal else 'no mask'}"
+             f"{', a transposed (B, N, H, d) layout' if layout == 'bnhd' else ''}, on {device}")
+    return flash_attention_case(about, q, k, v, causal, device, layout)
+
+
+def visible_flash_attention() -> list[dict]:
+    g = torch.Generator().manual_seed(9)
+    dev = str(here())
+    return [random_case(g, (1, 2, 37, 64), torch.bfloat16, False, dev),
+            random_case(g, (2, 1, 45, 16), torch.float16, True, dev),
+            random_case(g, (1, 1, 23, 32), torch.bfloat16, True, dev)]
+
+
+FUNCTIONS = [Function("flash_attention", call_flash_attention, visible_flash_attention, prepare=launches.bind,
+                      requires_triton=True)]

@@ -1,0 +1,164 @@
+"""Exercise 11, profiling: `fast_train(params, xs, ys, lr, momentum, max_norm)`, a fast version of `slow_train`.
+
+Graded on both: the same parameters and losses as slow_train (against a float64 run) on fresh inputs
+for every call, and a speed-up over slow_train measured by the grader itself, on those same inputs.
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+from torch.profiler import record_function
+
+from labkit.exercises.inputs import here
+from labkit.exercises.observe import compare, expect_like, snapshot
+from labkit.exercises.spec import Function
+
+NOTEBOOK = "11_profiling"
+MIN_SPEEDUP = 2.0  # what the fixes reach with room to spare, on a CPU and on a GPU
+TOL = 2e-3  # fp32 against a float64 run of the same steps: rounding, and fused ops rounding differently
+RUNS = 6  # pairs of calls (slow, yours) per case, on fresh inputs each; the first pair is a warm-up
+
+# Bound on import (the grader imports this before any student code runs).
+_CLOCK = time.perf_counter
+_SYNC = torch.cuda.synchronize
+
+
+def make_problem(seed: int, sizes: dict, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """(params on `device`, xs, ys on the host) for an MLP regression, drawn from `seed`.
+
+    sizes: steps, batch, d_in, hidden, d_out. xs: (steps, batch, d_in), ys: (steps, batch, d_out).
+    """
+    s, b, d_in, hid, d_out = (sizes[k] for k in ("steps", "batch", "d_in", "hidden", "d_out"))
+    g = torch.Generator().manual_seed(seed)
+    params = {"w1": torch.randn(d_in, hid, generator=g) * d_in ** -0.5, "b1": torch.randn(hid, generator=g) * 0.1,
+              "w2": torch.randn(hid, d_out, generator=g) * hid ** -0.5, "b2": torch.randn(d_out, generator=g) * 0.1}
+    xs = torch.randn(s, b, d_in, generator=g)
+    ys = torch.sin(xs @ torch.randn(d_in, d_out, generator=g)) + 0.1 * torch.randn(s, b, d_out, generator=g)
+    return {k: v.to(device=device, dtype=dtype) for k, v in params.items()}, xs.to(dtype), ys.to(dtype)
+
+
+def slow_train(params: dict[str, torch.Tensor], xs: torch.Tensor, ys: torch.Tensor, lr: float = 0.05,
+               momentum: float = 0.9, max_norm: float = 1.0) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Momentum SGD with gradient clipping on the MLP gelu(x @ w1 + b1) @ w2 + b2, one step per batch of xs, ys.
+
+    params live on the device, xs and ys on the host. Returns (the trained params, on the device; the loss
+    of each step, a float32 tensor on the host). It works, slowly.
+    """
+    device = params["w1"].device
+    params = {k: p.detach().clone().requires_grad_(True) for k, p in params.items()}
+    bufs = {k: torch.zeros_like(p) for k, p in params.items()}
+    losses = []
+    for i in range(xs.shape[0]):
+        with record_function("copy batch"):
+            x, y = xs[i].to(device), ys[i].to(device)
+        with record_function("forward"):
+            h = x @ params["w1"] + params["b1"]
+            h = 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * h * h * h)))  # GELU (tanh form)
+            loss = ((h @ params["w2"] + params["b2"] - y) ** 2).mean()
+        with record_function("log loss"):
+            losses.append(loss.item())
+        with record_function("backward"):
+            grads = torch.autograd.grad(loss, list(params.values()))
+        with record_function("clip"):  # scale the whole gradient down to norm max_norm when it is longer
+            norm = math.sqrt(sum(e * e for g in grads for e in g.flatten().tolist()))
+            scale = min(1.0, max_norm / (norm + 1e-6))
+        with record_function("update"), torch.no_grad():
+            for (k, p), g in zip(params.items(), grads):
+                bufs[k] = momentum * bufs[k] + scale * g
+                p -= lr * bufs[k]
+    return {k: p.detach() for k, p in params.items()}, torch.tensor(losses)
+
+
+@contextmanager
+def one_thread(on: bool = True) -> Iterator[None]:
+    """torch on one CPU thread inside the block: the workload's matmuls are tiny, and several threads on a busy
+    machine wait for each other (a timing of scheduling, not of the code)."""
+    before = torch.get_num_threads()
+    if on:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _timed(fn, args: tuple, hyper: dict, device: torch.device) -> tuple[object, float]:
+    if device.type == "cuda":
+        _SYNC()
+    t0 = _CLOCK()
+    out = fn(*args, **hyper)
+    if device.type == "cuda":
+        _SYNC()
+    return out, _CLOCK() - t0
+
+
+def call_fast_train(fn, args):
+    """Alternate slow_train and `fn` on fresh inputs (one seed per pair, one CPU thread on a CPU); keep fn's
+    results and both times."""
+    device = torch.device(args.get("device", "cpu"))
+    sizes, hyper = args["sizes"], args["hyper"]
+    runs, slow_s, fast_s = [], [], []
+    with one_thread(device.type == "cpu"):
+        for i, seed in enumerate(args["seeds"]):
+            for which in (("slow", "fast") if i % 2 == 0 else ("fast", "slow")):
+                problem = make_problem(seed, sizes, device)
+                out, seconds = _timed(slow_train if which == "slow" else fn, problem, hyper, device)
+                if which == "fast":
+                    runs.append(snapshot(out))
+                    fast_s.append(seconds)
+                else:
+                    slow_s.append(seconds)
+    slow, fast = min(slow_s[1:] or slow_s), min(fast_s[1:] or fast_s)  # best of the runs after the warm-up
+    return {"results": runs, "speed-up": slow / max(fast, 1e-9), "slow ms": 1e3 * slow, "yours ms": 1e3 * fast,
+            "runs": len(fast_s)}
+
+
+def compare_fast_train(expected, got, rtol: float = 0.0, atol: float = 0.0) -> list[str]:
+    """The results of every timed call as expected, and the grader's speed-up at least expected['min speed-up']."""
+    if not isinstance(got, dict) or "results" not in got:
+        return compare(expected, got, rtol, atol)
+    problems = compare(expected["results"], got["results"], rtol, atol, path="results")
+    need, sp = expected["min speed-up"], got.get("speed-up")
+    if not isinstance(sp, float):
+        problems.append("speed-up: not measured")
+    elif not sp >= need:
+        problems.append(f"speed-up: {sp:.2f}x, measured by the grader: slow_train took {got['slow ms']:.1f} ms, "
+                        f"your fast_train {got['yours ms']:.1f} ms (best of {got['runs'] - 1} runs on fresh inputs); "
+                        f"at least {need:g}x is needed: profile slow_train and remove its biggest costs")
+    return problems
+
+
+def fast_train_case(about: str, sizes: dict, hyper: dict, seeds: list[int], device: str,
+                    min_speedup: float = MIN_SPEEDUP) -> dict:
+    """fast_train on fresh inputs for each seed, against slow_train in float64; and at least `min_speedup` faster."""
+    results = []
+    for seed in seeds:
+        params, xs, ys = make_problem(seed, sizes, "cpu", torch.float64)
+        with one_thread():
+            p, losses = slow_train(params, xs, ys, **hyper)
+        results.append((expect_like({k: v.float() for k, v in p.items()}, device), expect_like(losses.float(), "cpu")))
+    return {"about": about, "args": {"sizes": sizes, "hyper": hyper, "seeds": seeds, "device": device},
+            "expected": {"results": results, "min speed-up": float(min_speedup)}, "rtol": TOL, "atol": TOL / 10}
+
+
+def describe(sizes: dict, hyper: dict, device: str) -> str:
+    return (f"{sizes['steps']} steps of batch {sizes['batch']}, MLP {sizes['d_in']}-{sizes['hidden']}-{sizes['d_out']}, "
+            f"lr={hyper['lr']:g}, momentum={hyper['momentum']:g}, max_norm={hyper['max_norm']:g}, on {device}")
+
+
+VISIBLE_SIZES = {"steps": 12, "batch": 16, "d_in": 64, "hidden": 256, "d_out": 16}
+
+
+def visible_fast_train() -> list[dict]:
+    dev = str(here())
+    hyper = {"lr": 0.05, "momentum": 0.9, "max_norm": 1.0}
+    return [fast_train_case(describe(VISIBLE_SIZES, hyper, dev), VISIBLE_SIZES, hyper, list(range(110, 110 + RUNS)),
+                            dev)]
+
+
+FUNCTIONS = [Function("fast_train", call_fast_train, visible_fast_train, compare=compare_fast_train)]
