@@ -11,6 +11,7 @@ from types import ModuleType
 
 from labkit.exercises import (ex01_device_placement, ex02_transfers, ex03_timing, ex04_roofline,  # noqa: I001
                               ex05_triton_row_sum, ex06_cuda_kernel, ex07_mixed_precision, ex08_data_parallel)
+from labkit.exercises import ex12_serving
 from labkit.exercises.spec import Function, Stage
 
 EXERCISES: list[ModuleType] = [
@@ -22,6 +23,7 @@ EXERCISES: list[ModuleType] = [
     ex06_cuda_kernel,
     ex07_mixed_precision,
     ex08_data_parallel,
+    ex12_serving,
 ]
 
 __all__ = ["EXERCISES", "Function", "Stage", "by_notebook", "function", "functions"]
