@@ -9,7 +9,9 @@ def launch_delay_cases(g: torch.Generator, gpu: bool) -> list[dict]:
     def pick(options):
         return options[int(torch.randint(0, len(options), (), generator=g))]
 
-    seed = lambda: int(torch.randint(0, 2**31, (), generator=g))  # noqa: E731
+    def seed() -> int:
+        return int(torch.randint(0, 2**31, (), generator=g))
+
     cases = []
     for _ in range(2):  # bursts larger than the batch, at a random offset
         b, d = pick([4, 7, 16]), pick([0.5e-3, 3e-3])
