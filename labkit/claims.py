@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping
 
-from labkit.figures import display_entry, fmt_value
+from labkit.figures import display_entry, entries_in, fmt_value
 
 MIME = "application/vnd.labkit.claim+json"
 
@@ -101,13 +101,7 @@ def guess(value: float | None, measured: float, unit: str = "", within: float = 
 
 def claims_in(notebook: dict) -> dict[str, dict[str, Any]]:
     """The claims recorded in an executed notebook (a dict as nbformat reads it)."""
-    found: dict[str, dict[str, Any]] = {}
-    for cell in notebook.get("cells", []):
-        for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
-            entry = out.get("data", {}).get(MIME)
-            if isinstance(entry, dict) and "name" in entry:
-                found[entry["name"]] = entry
-    return found
+    return entries_in(notebook, MIME)
 
 
 def tally(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:

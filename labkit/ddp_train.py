@@ -495,6 +495,21 @@ def measure_allreduce(args, world: int, device: torch.device) -> list[dict]:
     return rows
 
 
+def init_group(backend: str, dev_type: str, local_rank: int, threads: int) -> torch.device:
+    """Join the process group on this rank's device: its own GPU, or the CPU with `threads` threads."""
+    import torch.distributed as dist
+
+    if dev_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group(backend, device_id=device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, threads))
+        dist.init_process_group(backend)
+    return device
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
@@ -511,14 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"labkit.ddp_train: {exc}", file=sys.stderr)
         return 2
-    if dev_type == "cuda":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group(backend, device_id=device)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
-        dist.init_process_group(backend)
+    device = init_group(backend, dev_type, local_rank, args.threads or (os.cpu_count() or 1) // local_world)
     try:
         result = {"world_size": world, "backend": backend, "device": dev_type, "torch": torch.__version__,
                   "hosts": None, "args": {k: str(v) for k, v in vars(args).items()}}

@@ -55,12 +55,17 @@ def fmt_value(value: Any) -> str:
     return f"{value:.4g}"
 
 
-def figures_in(notebook: dict) -> dict[str, dict[str, Any]]:
-    """The figures recorded in an executed notebook (a dict as nbformat reads it)."""
+def entries_in(notebook: dict, mime: str = MIME) -> dict[str, dict[str, Any]]:
+    """The named entries an executed notebook (a dict as nbformat reads it) holds under `mime`, by name."""
     found: dict[str, dict[str, Any]] = {}
     for cell in notebook.get("cells", []):
         for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
-            entry = out.get("data", {}).get(MIME)
+            entry = out.get("data", {}).get(mime)
             if isinstance(entry, dict) and "name" in entry:
                 found[entry["name"]] = entry
     return found
+
+
+def figures_in(notebook: dict) -> dict[str, dict[str, Any]]:
+    """The figures recorded in an executed notebook."""
+    return entries_in(notebook, MIME)

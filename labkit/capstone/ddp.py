@@ -26,7 +26,7 @@ from labkit.capstone.data import make_corpus
 from labkit.capstone.model import GPTConfig
 from labkit.capstone.train import RunConfig, Trainer, final_loss
 from labkit.capstone.variants import variant
-from labkit.ddp_train import _slowest, _sync, choose
+from labkit.ddp_train import _slowest, _sync, choose, init_group
 
 
 class DDPTrainer(Trainer):
@@ -72,15 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     if run.batch % world:
         print(f"labkit.capstone.ddp: batch {run.batch} does not split over {world} ranks", file=sys.stderr)
         return 2
-    if dev_type == "cuda":
-        device = torch.device("cuda", local)
-        torch.cuda.set_device(device)
-        dist.init_process_group(backend, device_id=device)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    if dev_type != "cuda":
         v = replace(v, compile="", ddp=False)  # the CPU check: eager, gloo
-        dist.init_process_group(backend)
+    device = init_group(backend, dev_type, local, (os.cpu_count() or 1) // world)
     try:
         corpus = make_corpus(run.windows, run.model.seq, run.seed)
         t = DDPTrainer(v, run, corpus, device, rank=rank, world=world)

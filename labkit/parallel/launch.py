@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from labkit.ddp_train import choose
+from labkit.ddp_train import choose, init_group
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 # NVLink SHARP (NVLS) needs multicast memory, which shared/virtualised GPU hosts often do not grant;
@@ -73,7 +73,6 @@ def start(args: argparse.Namespace, prog: str) -> Ctx:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         sys.exit(f"{prog}: no RANK/WORLD_SIZE in the environment: run me with torchrun, e.g. "
                  f"python -m torch.distributed.run --standalone --nproc_per_node 2 -m {prog} --out r.json")
-    import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
@@ -82,14 +81,7 @@ def start(args: argparse.Namespace, prog: str) -> Ctx:
         backend, dev_type = choose(args.backend, args.device, local_world, gpus)
     except ValueError as exc:   # e.g. fewer GPUs than processes
         sys.exit(f"{prog}: {exc}")
-    if dev_type == "cuda":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group(backend, device_id=device)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(max(1, args.threads))
-        dist.init_process_group(backend)
+    device = init_group(backend, dev_type, local_rank, args.threads)
     return Ctx(rank, world, device, backend)
 
 
