@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from labkit.capstone.data import Corpus, Windows, make_corpus, order
+from labkit.capstone.data import Corpus, Windows, make_corpus
 from labkit.capstone.model import GPT, GPTConfig
 from labkit.capstone.variants import Variant
 from labkit.precision import tf32 as tf32_mode
