@@ -15,7 +15,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
 GRADED_FUNCTIONS = ["causal_mask", "to_device", "pinned_copy", "overlapped_map", "median_ms", "matmul_flops_bytes",
                     "attainable_tflops", "row_sum", "found_inf", "update_scale", "average_gradients",
-                    "accumulated_grads", "flash_attention", "fast_train"]
+                    "accumulated_grads", "flash_attention", "one_f_one_b", "fast_train", "launch_delay"]
+
+
+def test_every_cpu_graded_function_is_checked_here():
+    """A new exercise's functions join the list above (the CUDA one has its own tests)."""
+    from labkit import exercises as registry
+    assert set(registry.functions()) - {"scale_kernel_source"} == set(GRADED_FUNCTIONS)
 
 
 def code_of(nb: dict) -> list[str]:

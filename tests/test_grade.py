@@ -148,14 +148,14 @@ def test_solutions_score_full_marks_and_gpu_work_is_marked_needs_gpu(graded):
     rows, feedback, _ = graded
     r = rows["solution"]
     assert r["scale_kernel_source"] == judge.NEEDS_GPU  # graded with --device cpu
-    assert r["total"] == r["out_of"] == "18", feedback["solution"]
+    assert r["total"] == r["out_of"] == "22", feedback["solution"]
     assert "do not count against you" in feedback["solution"]
 
 
 def test_untouched_exercises_score_zero_with_not_done_yet(graded):
     rows, feedback, _ = graded
-    assert rows["exercise"]["total"] == "0" and rows["exercise"]["out_of"] == "18"
-    assert feedback["exercise"].count("not done yet") == 14
+    assert rows["exercise"]["total"] == "0" and rows["exercise"]["out_of"] == "22"
+    assert feedback["exercise"].count("not done yet") == 16
 
 
 def test_wrong_answers_lose_marks_with_what_is_wrong(graded):
@@ -168,7 +168,7 @@ def test_wrong_answers_lose_marks_with_what_is_wrong(graded):
     assert r["to_device"] == "1" and r["found_inf"] == "0"  # graded notebooks not submitted count zero
     assert r["flash_attention"] == "0.33" and "elements differ (rtol=0.016" in fb  # right only at 1 token (one tile)
     assert r["fast_train"] == "0" and "speed-up:" in fb and "at least 2x is needed" in fb  # right, but not faster
-    assert "Not submitted (their functions score 0): `02_transfers.ipynb`" in fb and r["out_of"] == "18"
+    assert "Not submitted (their functions score 0): `02_transfers.ipynb`" in fb and r["out_of"] == "22"
     assert r["scale_kernel_source"] == judge.NEEDS_GPU and "not submitted: 02_transfers" in r["notes"]
 
 
