@@ -262,22 +262,10 @@ def check_correctness(args, rank: int, world: int, device: torch.device) -> dict
 def measure_throughput(args, rank: int, world: int, device: torch.device) -> dict:
     """Samples/s of DDP training on a fixed per-rank batch, and the cost of one gradient two ways."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(args.seed)
-    model = make_model(args.dim, args.hidden, args.layers).to(device)
-    single = copy.deepcopy(model)
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-              bucket_cap_mb=args.bucket_cap_mb)
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr * 0.1)
-    g = torch.Generator().manual_seed(args.seed + 1000 + rank)
-    x = torch.randn(args.batch_per_rank, args.dim, generator=g).to(device)
-    y = torch.randn(args.batch_per_rank, args.dim, generator=g).to(device)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        F.mse_loss(ddp(x), y).backward()
-        opt.step()
+    single = make_model(args.dim, args.hidden, args.layers).to(device)  # the same start as the DDP model
+    ddp, step, x, y = _ddp_step_fn(args, rank, device, args.bucket_cap_mb, data_seed=1000)
 
     out = {"steps": args.steps, "batch_per_rank": args.batch_per_rank}
     if rank == 0:  # the baseline: one device, a plain model (no DDP), the same batch; the others wait
@@ -360,20 +348,20 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
     dist.barrier()
 
     sums = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
-    dist.all_gather(sums, checksum(model).reshape(1))
+    dist.all_gather(sums, checksum(ddp.module).reshape(1))
     out["checksum_spread"] = max(float(s.item()) for s in sums) - min(float(s.item()) for s in sums)
     return out
 
 
-def _ddp_step_fn(args, rank: int, device: torch.device, bucket_cap_mb: float):
-    """A fresh DDP model with this bucket size and its training step on a fixed per-rank batch."""
+def _ddp_step_fn(args, rank: int, device: torch.device, bucket_cap_mb: float, data_seed: int = 2000):
+    """A fresh DDP model (seeded with args.seed), its training step on a fixed per-rank batch, and that batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(args.seed)
     ddp = DDP(make_model(args.dim, args.hidden, args.layers).to(device),
               device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=bucket_cap_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr * 0.1)
-    g = torch.Generator().manual_seed(args.seed + 2000 + rank)
+    g = torch.Generator().manual_seed(args.seed + data_seed + rank)
     x = torch.randn(args.batch_per_rank, args.dim, generator=g).to(device)
     y = torch.randn(args.batch_per_rank, args.dim, generator=g).to(device)
 
@@ -382,14 +370,14 @@ def _ddp_step_fn(args, rank: int, device: torch.device, bucket_cap_mb: float):
         F.mse_loss(ddp(x), y).backward()
         opt.step()
 
-    return ddp, step
+    return ddp, step, x, y
 
 
 def bucket_sweep(args, rank: int, device: torch.device) -> list[dict]:
     """Median DDP step time (slowest rank) for each bucket_cap_mb in --bucket-sweep."""
     rows = []
     for cap in [float(c) for c in args.bucket_sweep.split(",") if c.strip()]:
-        ddp, step = _ddp_step_fn(args, rank, device, cap)
+        ddp, step, _, _ = _ddp_step_fn(args, rank, device, cap)
         for _ in range(args.warmup + 1):   # the first step also lets DDP rebuild its buckets in use order
             step()
         times = []
@@ -418,7 +406,7 @@ def trace_steps(args, rank: int, device: torch.device, path: Path, steps: int = 
     of backward's compute and of the all-reduces, from the last profiled step."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    ddp, step = _ddp_step_fn(args, rank, device, args.bucket_cap_mb)
+    ddp, step, _, _ = _ddp_step_fn(args, rank, device, args.bucket_cap_mb)
     for _ in range(args.warmup + 1):
         step()
     _sync(device)
