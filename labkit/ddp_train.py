@@ -134,6 +134,17 @@ def _slowest(seconds: float, device: torch.device) -> float:
     return float(t.item())
 
 
+def timed_on_slowest_rank(fn, calls: int, device: torch.device) -> float:
+    """Seconds that `calls` calls of fn take on the slowest rank, the ranks lined up first."""
+    _sync(device)
+    _slowest(0.0, device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    _sync(device)
+    return _slowest(time.perf_counter() - t0, device)
+
+
 def _max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b))
 
@@ -302,13 +313,7 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
 
     for _ in range(args.warmup):
         step()
-    _sync(device)
-    _slowest(0.0, device)  # line the ranks up
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    _sync(device)
-    seconds = _slowest(time.perf_counter() - t0, device)
+    seconds = timed_on_slowest_rank(step, args.steps, device)
     out["samples_per_s"] = world * args.batch_per_rank * args.steps / seconds
     out["step_ms"] = seconds / args.steps * 1e3
     if rank == 0:
@@ -326,14 +331,7 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
             (F.mse_loss(single(x), y) / world).backward()
 
     reps = max(3, args.steps // 2)
-    ddp_times = []
-    for _ in range(reps):
-        _sync(device)
-        _slowest(0.0, device)
-        t0 = time.perf_counter()
-        ddp_grad()
-        _sync(device)
-        ddp_times.append(_slowest(time.perf_counter() - t0, device))
+    ddp_times = [timed_on_slowest_rank(ddp_grad, 1, device) for _ in range(reps)]
     out["ddp_grad_ms"] = statistics.median(ddp_times) * 1e3
     if rank == 0:
         accum_grad()
@@ -380,15 +378,7 @@ def bucket_sweep(args, rank: int, device: torch.device) -> list[dict]:
         ddp, step, _, _ = _ddp_step_fn(args, rank, device, cap)
         for _ in range(args.warmup + 1):   # the first step also lets DDP rebuild its buckets in use order
             step()
-        times = []
-        for _ in range(args.steps):
-            _sync(device)
-            _slowest(0.0, device)
-            t0 = time.perf_counter()
-            step()
-            _sync(device)
-            times.append(_slowest(time.perf_counter() - t0, device))
-        times.sort()
+        times = sorted(timed_on_slowest_rank(step, 1, device) for _ in range(args.steps))
         rows.append({"bucket_cap_mb": cap, "step_ms": statistics.median(times) * 1e3,
                      "p20_ms": times[int(0.2 * (len(times) - 1))] * 1e3, "p80_ms": times[int(0.8 * (len(times) - 1))] * 1e3})
         del ddp, step
@@ -463,16 +453,8 @@ def measure_allreduce(args, world: int, device: torch.device) -> list[dict]:
         buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
         for _ in range(args.allreduce_warmup):   # the first calls set up connections and buffers
             dist.all_reduce(buf)
-        times = []
-        for _ in range(args.allreduce_repeats):
-            _sync(device)
-            _slowest(0.0, device)
-            t0 = time.perf_counter()
-            for _ in range(args.allreduce_iters):
-                dist.all_reduce(buf)
-            _sync(device)
-            times.append(_slowest(time.perf_counter() - t0, device) / args.allreduce_iters)
-        times.sort()
+        times = sorted(timed_on_slowest_rank(lambda b=buf: dist.all_reduce(b), args.allreduce_iters, device)
+                       / args.allreduce_iters for _ in range(args.allreduce_repeats))
         seconds = statistics.median(times)
         size = buf.numel() * 4
         algbw = size / seconds / 1e9

@@ -225,7 +225,6 @@ def save_reference(out_dir: Path, entries: list[dict], root: Path | None = None)
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     for e in entries:
-        e = dict(e)
         out = Path(e["output"])
         if out.exists():
             reference.save_plots(nbio.read(out), dest / out.stem)

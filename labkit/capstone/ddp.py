@@ -26,7 +26,7 @@ from labkit.capstone.data import make_corpus
 from labkit.capstone.model import GPTConfig
 from labkit.capstone.train import RunConfig, Trainer, final_loss
 from labkit.capstone.variants import variant
-from labkit.ddp_train import _slowest, _sync, choose, init_group
+from labkit.ddp_train import _slowest, _sync, choose, init_group, timed_on_slowest_rank
 
 
 class DDPTrainer(Trainer):
@@ -88,15 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         buf = t.loss_buf.clone() if not v.sync_each_step else torch.tensor(t.logged, device=device)
         dist.all_reduce(buf)  # each rank's loss is the mean over its slice: equal slices, so average them
         losses = (buf / world).tolist()
-        times = []
-        for _ in range(args.repeats):
-            _sync(device)
-            _slowest(0.0, device)
-            t0 = time.perf_counter()
-            for _ in range(run.time_steps):
-                t.step()
-            _sync(device)
-            times.append(_slowest(time.perf_counter() - t0, device))
+        times = [timed_on_slowest_rank(t.step, run.time_steps, device) for _ in range(args.repeats)]
         tps = sorted(run.time_steps * run.tokens_per_step / s for s in times)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if dev_type == "cuda" else None
         if rank == 0:

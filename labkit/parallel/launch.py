@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from labkit.ddp_train import _sync as sync  # noqa: F401  (launch.sync: wait for this rank's device)
 from labkit.ddp_train import choose, init_group
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -118,6 +119,3 @@ def run_main(prog: str, parse, body, argv: list[str] | None = None) -> int:
     return 0
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -16,14 +16,13 @@ import argparse
 import copy
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from labkit.ddp_train import _slowest
+from labkit.ddp_train import timed_on_slowest_rank
 from labkit.parallel import launch
 
 PROG = "labkit.parallel.tensor_parallel"
@@ -189,16 +188,7 @@ def check(args, ctx: launch.Ctx) -> dict:
 def _timed(fn, iters: int, repeats: int, device: torch.device) -> list[float]:
     """Seconds per call of fn over `iters` calls, `repeats` times, the slowest rank's each time (sorted)."""
     fn()
-    times = []
-    for _ in range(repeats):
-        launch.sync(device)
-        _slowest(0.0, device)   # line the ranks up
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        launch.sync(device)
-        times.append(_slowest(time.perf_counter() - t0, device) / iters)
-    return sorted(times)
+    return sorted(timed_on_slowest_rank(fn, iters, device) / iters for _ in range(repeats))
 
 
 def sweep(args, ctx: launch.Ctx) -> list[dict]:
