@@ -520,10 +520,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    code = main()
+def exit_rank(code: int) -> None:
+    """End a torchrun worker after its work, skipping C++ static destructors: a gloo or profiler thread still
+    joinable at interpreter exit aborts the process ("terminate called without an active exception")."""
     sys.stdout.flush()
     sys.stderr.flush()
-    # Leave without C++ static destructors: a gloo or profiler thread still joinable at interpreter exit
-    # aborts the process ("terminate called without an active exception") after the work is done.
     os._exit(code)
+
+
+if __name__ == "__main__":
+    exit_rank(main())

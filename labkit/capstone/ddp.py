@@ -118,4 +118,6 @@ def launch(run: RunConfig, nproc: int, out: Path, device: str = "auto", name: st
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from labkit.ddp_train import exit_rank
+
+    exit_rank(main())  # skips C++ static destructors that can abort a gloo worker at exit

@@ -241,4 +241,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from labkit.ddp_train import exit_rank
+
+    exit_rank(main())  # skips C++ static destructors that can abort a gloo worker at exit
