@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from labkit.paths import child_env
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_links import ROOT, course_links  # noqa: E402
 
@@ -28,8 +30,7 @@ def _free_port() -> int:
 def server(tmp_path_factory):
     """course.py start (no browser, a free port), its printed URL, and its output; stopped afterwards."""
     home = tmp_path_factory.mktemp("home")
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(home / "runtime"), JUPYTER_CONFIG_DIR=str(home / "config"),
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = child_env(ROOT, JUPYTER_RUNTIME_DIR=str(home / "runtime"), JUPYTER_CONFIG_DIR=str(home / "config"))
     log = open(home / "out.txt", "w+")
     proc = subprocess.Popen([sys.executable, str(ROOT / "course.py"), "start", "--", "--no-browser",
                              f"--port={_free_port()}", "--ServerApp.port_retries=0"],

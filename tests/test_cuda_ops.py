@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from labkit import cuda
+from labkit.paths import child_env
 
 HAVE_GPU = cuda.missing() is None
 needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason=f"CUDA kernels cannot run here: {cuda.missing()}")
@@ -249,12 +250,11 @@ print("binding checks ok")
 def test_binding_checks_too():
     """The C++ binding refuses what the Python checks refuse, should someone call it directly.
     Run in a child process, so that a crash fails this test instead of ending the session."""
-    import os
     import subprocess
     import sys
 
     root = str(cuda.SOURCE_DIR.parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    env = child_env(root)
     done = subprocess.run([sys.executable, "-c", BINDING_CHECKS], capture_output=True, text=True, env=env,
                           timeout=600)
     assert done.returncode == 0 and "binding checks ok" in done.stdout, \

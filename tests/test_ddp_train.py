@@ -1,7 +1,6 @@
 """labkit.ddp_train: DDP over 2 gloo processes equals one process on the global batch; helpers fail clearly."""
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ import pytest
 import torch
 
 from labkit import ddp_train
+from labkit.paths import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,8 +25,7 @@ def two_process_run(tmp_path_factory):
            "--allreduce-bytes", "4096,65536", "--allreduce-iters", "2", "--allreduce-warmup", "1",
            "--allreduce-repeats", "3", "--accum-steps", "3", "--bucket-sweep", "0.001,1",
            "--trace", str(out.parent / "trace.json"), "--seed", "3"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = child_env(ROOT, OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, f"torchrun failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return json.loads(out.read_text())

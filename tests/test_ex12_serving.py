@@ -2,7 +2,6 @@
 import csv
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from labkit import check
 from labkit.batcher import launch_delay
 from labkit.exercises import ex12_serving
 from labkit.grading import specs
+from labkit.paths import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
@@ -88,7 +88,7 @@ def test_grader_gives_the_solution_full_marks_and_wrong_policies_less(tmp_path):
         (subs / student / f"{NB}.ipynb").write_text(json.dumps(content))
     cmd = [sys.executable, "-m", "labkit.cli", "grade", str(subs), "--out", str(out), "--only", NB, "--workers", "2",
            "--timeout", "60", "--exercise-timeout", "15", "--device", "cpu"]
-    run = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+    run = subprocess.run(cmd, cwd=ROOT, env=child_env(ROOT), capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     with open(out / "grades.csv", newline="") as f:

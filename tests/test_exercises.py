@@ -31,7 +31,7 @@ def code_of(nb: dict) -> list[str]:
 
 def functions_from(path: Path) -> dict:
     """Run only the cells of a notebook that define functions (imports included), as a student's kernel would."""
-    ns: dict = {}
+    ns: dict = {"__name__": "__main__"}  # as in a notebook: compiled Triton reads each jit function's __module__
     exec("import statistics, time\nimport torch\nimport torch.nn.functional as F\nimport triton\n"
          "import triton.language as tl\nimport labkit\nfrom labkit import check", ns)
     for i, src in enumerate(code_of(json.loads(path.read_text()))):

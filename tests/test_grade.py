@@ -15,6 +15,7 @@ import torch
 
 from labkit import check, exercises
 from labkit.grading import judge, sandbox, specs, submissions
+from labkit.paths import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
@@ -132,7 +133,7 @@ def graded(tmp_path_factory):
     (subs / "solo.ipynb").write_text(json.dumps(solo))
     (subs / "notes.txt").write_text("not a submission")
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = child_env(ROOT)
     cmd = [sys.executable, "-m", "labkit.cli", "grade", str(subs), "--out", str(out), "--workers", "2",
            "--timeout", str(TIMEOUT), "--exercise-timeout", "4", "--memory-mb", "1000", "--device", "cpu"]
     cmd += ["--unsafe-no-sandbox"] if NO_SANDBOX else []  # tests/test_grade_sandbox.py needs bubblewrap

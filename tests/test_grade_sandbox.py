@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from labkit.grading import merge, safeio, sandbox, submissions
+from labkit.paths import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
@@ -239,7 +240,7 @@ def hostile(tmp_path_factory):
     before = tree_hash(*watched, base / "outside.txt", skip=(out / "feedback",))
     shm_before = set(os.listdir("/dev/shm"))
 
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)} | {"PYTHONPATH": str(ROOT)}
+    env = child_env(ROOT)
     cmd = [sys.executable, "-m", "labkit.cli", "grade", "submissions", "--out", "grades", "--workers", "2",
            "--timeout", "40", "--exercise-timeout", "15", "--memory-mb", "1500", "--device", "cpu",
            "--only", "03_timing", "04_roofline", "05_triton_row_sum"]
@@ -385,7 +386,7 @@ def test_two_shards_merge_into_the_grades_of_one_run(tmp_path):
     put(subs / "ann", "04_roofline", nb("04_roofline"))
     put(subs / "bo", "04_roofline", nb("04_roofline", EXERCISES))
     put(subs / "cid", "04_roofline", edit(nb("04_roofline"), "return min(peak_tflops,", "return max(peak_tflops,"))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
+    env = child_env(ROOT)
     base = [sys.executable, "-m", "labkit.cli", "grade", str(subs), "--device", "cpu", "--only", "04_roofline",
             "--timeout", "60"]
     for k in (1, 2):
@@ -404,3 +405,17 @@ def test_two_shards_merge_into_the_grades_of_one_run(tmp_path):
     alone = subprocess.run([sys.executable, "-m", "labkit.cli", "grade", "merge", str(tmp_path / "shard1"),
                             "--out", str(tmp_path / "half")], env=env, capture_output=True, text=True, timeout=120)
     assert alone.returncode == 2 and "shard(s) 2/2 missing" in alone.stderr
+
+
+def test_a_compiler_outside_the_system_folders_runs_inside(tmp_path, monkeypatch):
+    """Triton's launcher stub and the CUDA exercise build with the host's compiler, e.g. CC=/opt/gcc/bin/gcc."""
+    prefix = tmp_path / "opt-gcc"
+    (prefix / "bin").mkdir(parents=True)
+    gcc = prefix / "bin" / "gcc"
+    gcc.write_text("#!/bin/sh\necho fake-gcc\n")
+    gcc.chmod(0o755)
+    monkeypatch.setenv("CC", str(gcc))
+    assert str(prefix) in sandbox.toolchain_paths()
+    box = sandbox.make([], False, 512, unsafe=False, imports=False)
+    run = subprocess.run(box.base() + ["--", str(gcc)], capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip() == "fake-gcc", run.stderr

@@ -4,7 +4,6 @@ On a GPU host, one CPU-mode test used to leave TRITON_INTERPRET=1 behind, and a 
 ran its kernel in the interpreter. conftest.py's autouse fixture restores that state; these tests run
 a small suite with it (and without it, to show the check can fail) in a child pytest.
 """
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +36,7 @@ SEES = '''
 import os, sys
 import torch
 import labkit
+from labkit.paths import child_env
 
 ENV = dict(os.environ)  # as collection found it: after conftest, before any test ran
 SETUP = labkit.current()
@@ -60,7 +60,7 @@ def run_suite(tmp_path: Path, conftest: str, *order: str) -> subprocess.Complete
     (tmp_path / "conftest.py").write_text(conftest)
     (tmp_path / "test_a_changes.py").write_text(CHANGES)
     (tmp_path / "test_b_sees.py").write_text(SEES)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = child_env(ROOT)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *order]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 

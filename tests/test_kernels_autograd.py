@@ -33,7 +33,7 @@ def test_vector_add_backward(dtype, close64):
 def test_vector_add_grad_for_one_input_only(close64):
     x, y = leaf(37), torch.randn(37, device=DEV)
     kernels.vector_add(x, y).sum().backward()
-    close64(x.grad, torch.ones(37, dtype=torch.float64))
+    close64(x.grad, torch.ones(37, dtype=torch.float64, device=DEV))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

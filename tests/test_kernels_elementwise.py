@@ -1,5 +1,4 @@
 """labkit.kernels.vector_add and bias_gelu against float64 references (Triton interpreter on the CPU)."""
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ import labkit
 from labkit import kernels
 from labkit.kernels import _common
 from labkit.kernels.bias_gelu import bias_gelu_backward
+from labkit.paths import child_env
 
 DEV = labkit.current().device
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -25,7 +25,7 @@ def test_importing_labkit_does_not_import_triton():
             "from labkit import kernels; assert 'triton' in sys.modules; "
             "print(labkit.current().triton_interpreter, os.environ.get('TRITON_INTERPRET'))")
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = child_env(root)
     env.pop("TRITON_INTERPRET", None)
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True, env=env)
     interp, env = out.stdout.split()

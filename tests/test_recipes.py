@@ -6,7 +6,6 @@ folder, makes the recipe's edits there and runs what the recipe says to run, in 
 import csv
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 import nbformat
 
 from labkit.grading import sandbox
+from labkit.paths import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 TOYS = ROOT / "tests" / "recipes"
@@ -34,7 +34,7 @@ def course_copy(tmp: Path, *parts: str) -> Path:
 
 
 def run(course: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(course), LABKIT_QUICK="1")
+    env = child_env(course, LABKIT_QUICK="1")
     done = subprocess.run([sys.executable, *args], cwd=course, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

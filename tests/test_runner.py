@@ -1,6 +1,5 @@
 """`labkit run`: batch execution with papermill, a summary with figures, non-zero exit on failure."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +8,7 @@ import nbformat
 import pytest
 
 from labkit import runner
+from labkit.paths import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRST_TWO = [ROOT / "notebooks" / "00_why_gpus.ipynb", ROOT / "notebooks" / "01_device_placement.ipynb"]
@@ -23,9 +23,8 @@ def _notebook(path: Path, *sources: str) -> Path:
     return path
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               LABKIT_QUICK="1")
+def _run(*args: str, **env_extra: str) -> subprocess.CompletedProcess:
+    env = child_env(ROOT, LABKIT_QUICK="1", **env_extra)
     return subprocess.run([sys.executable, "-m", "labkit.cli", "run", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
 
@@ -97,7 +96,7 @@ def test_summary_holds_claims_machine_and_date_and_names_the_cell_that_stopped(t
 
 def test_a_reference_run_needs_a_gpu(tmp_path):
     nb = _notebook(tmp_path / "tiny.ipynb", "quick = None", "x = 1")
-    result = _run(str(nb), "-o", str(tmp_path / "b"), "--reference")
+    result = _run(str(nb), "-o", str(tmp_path / "b"), "--reference", CUDA_VISIBLE_DEVICES="")  # a GPU host too
     assert result.returncode != 0 and "must be made on a GPU host" in result.stdout + result.stderr
 
 

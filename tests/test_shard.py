@@ -1,6 +1,5 @@
 """labkit shard: notebooks split across GPUs/runners longest first, deterministically, from recorded durations."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +8,7 @@ import nbformat
 import pytest
 
 from labkit import shard
+from labkit.paths import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / ".ci" / "durations" / "nvidia-h200.json"
@@ -85,7 +85,7 @@ def test_labkit_run_shard_runs_only_its_notebooks(tmp_path):
     durations = tmp_path / "durations.json"
     seconds = {"a.ipynb": 50, "b.ipynb": 30, "c.ipynb": 25}
     durations.write_text(json.dumps({"machine": {"GPU": "x"}, "seconds": seconds}))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = child_env(ROOT)
     cmd = [sys.executable, "-m", "labkit.cli", "run", "-o", str(tmp_path / "out"), "--shard", "2/2",
            "--durations", str(durations), *(str(tmp_path / n) for n in ("a.ipynb", "b.ipynb", "c.ipynb"))]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)

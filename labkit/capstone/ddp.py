@@ -27,6 +27,7 @@ from labkit.capstone.model import GPTConfig
 from labkit.capstone.train import RunConfig, Trainer, final_loss
 from labkit.capstone.variants import variant
 from labkit.ddp_train import _slowest, _sync, choose, init_group, timed_on_slowest_rank
+from labkit.paths import child_env
 
 
 class DDPTrainer(Trainer):
@@ -109,8 +110,7 @@ def launch(run: RunConfig, nproc: int, out: Path, device: str = "auto", name: st
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "labkit.capstone.ddp", "--out", str(out), "--workload", json.dumps(asdict(run)), "--variant", name,
            "--device", device]
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    env = child_env(root, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"the DDP run failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")

@@ -75,6 +75,22 @@ def read_only_paths(protected: list[Path], extra: list[str] = ()) -> list[str]:
     return chosen
 
 
+def toolchain_paths() -> list[str]:
+    """Install prefixes of the compilers a student's kernel needs (Triton's launcher stub, ptxas, nvcc, the C++
+    extension build) where they live outside the system folders, e.g. CC=/opt/gcc/bin/gcc binds /opt/gcc."""
+    found = [os.environ.get(v, "").split(" ")[0] for v in ("CC", "CXX")]
+    found += [shutil.which(n) or "" for n in ("gcc", "g++", "cc", "c++", "nvcc", "ptxas", "ninja")]
+    prefixes = [p for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if p and os.path.isdir(p)]
+    for exe in filter(None, found):
+        exe = shutil.which(exe) or ""
+        for path in {exe, os.path.realpath(exe)} - {""}:
+            folder = os.path.dirname(path)
+            prefix = os.path.dirname(folder) if os.path.basename(folder) == "bin" else folder
+            if prefix not in ("", "/") and not any(_inside(prefix, s) for s in SYSTEM):
+                prefixes.append(prefix)
+    return sorted(set(prefixes))
+
+
 def gpu_devices() -> list[str]:
     return sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dxg"))
 
@@ -181,7 +197,7 @@ def make(protected: list[Path], gpu: bool, memory_mb: int, unsafe: bool, imports
                            f"it: {INSTALL}")
     helptext = subprocess.run([exe, "--help"], capture_output=True, text=True, check=False).stdout
     features = tuple(f for f in ("--disable-userns", "--size") if f in helptext)
-    extra = [p for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if p and os.path.isdir(p)]
+    extra = toolchain_paths()
     box = Bwrap(exe, read_only_paths(protected, extra), system_links(), gpu_devices() if gpu else [],
                 tmp_mb=max(256, min(memory_mb // 2, 8192)), features=features)
     box.probe(imports)

@@ -105,10 +105,13 @@ def build(kind: str, model: nn.Module, ctx: launch.Ctx, lr: float, mp: bool = Fa
     m = copy.deepcopy(model).to(ctx.device)
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     if kind == "FSDP":
+        from torch.distributed.device_mesh import init_device_mesh
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mp else MixedPrecisionPolicy()
+        # an explicit mesh on this run's device: fully_shard's default takes CUDA whenever a GPU exists
+        mesh = init_device_mesh(ctx.device.type, (ctx.world,))
         for block in m:
-            fully_shard(block, mp_policy=policy)
-        fully_shard(m, mp_policy=policy)
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(m, mesh=mesh, mp_policy=policy)
         return m, torch.optim.Adam(m.parameters(), lr=lr)
     ddp = DDP(m, device_ids=ids)
     if kind == "ZeRO-1":

@@ -21,6 +21,7 @@ import torch
 
 from labkit.ddp_train import _sync as sync  # noqa: F401  (launch.sync: wait for this rank's device)
 from labkit.ddp_train import choose, init_group
+from labkit.paths import child_env
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 # NVLink SHARP (NVLS) needs multicast memory, which shared/virtualised GPU hosts often do not grant;
@@ -36,8 +37,7 @@ def torchrun(module: str, nproc: int, args: list[str], backend: str = "auto", de
     out = Path(out) if out else Path(tempfile.mkdtemp(prefix="labkit-par-")) / f"{module.rsplit('.', 1)[-1]}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", module, "--out", str(out), "--backend", backend, "--device", device, *map(str, args)]
-    env = dict(os.environ, **CHILD_ENV,
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = child_env(ROOT, **CHILD_ENV)
     if echo:
         print("$ python", " ".join(cmd[1:]).replace(str(out), out.name))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
