@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from labkit.paths import child_env
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CHANGES = '''
@@ -36,7 +38,6 @@ SEES = '''
 import os, sys
 import torch
 import labkit
-from labkit.paths import child_env
 
 ENV = dict(os.environ)  # as collection found it: after conftest, before any test ran
 SETUP = labkit.current()

@@ -168,6 +168,13 @@ class _Saved:
         return t
 
 
+def _p2p(ops: list[tuple]) -> list:
+    """Start the (isend or irecv, tensor, peer) operations as one batch; their Work handles."""
+    import torch.distributed as dist
+
+    return dist.batch_isend_irecv([dist.P2POp(op, t, peer) for op, t, peer in ops])
+
+
 def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torch.Tensor], ys: list[torch.Tensor],
                  stage_ms: float, order=None) -> dict:
     """Run one training step's forward and backward passes on this stage; return its events, loss, memory."""
@@ -195,15 +202,17 @@ def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torc
     for op, i in steps:
         peer = (s - 1 if s > 0 else None) if op == "F" else (s + 1 if not last else None)
         buf = torch.empty(shape, dtype=dtype, device=dev) if peer is not None else None
+        # every send and receive goes through batch_isend_irecv: on NCCL a batched op and a lone
+        # isend/recv can use different communicators, and a send on one never meets a receive on the other
         if pending is not None and pending[1] == peer:   # one batched send+receive: no deadlock on NCCL
-            for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, pending[0], peer),
-                                             dist.P2POp(dist.irecv, buf, peer)]):
+            for w in _p2p([(dist.isend, *pending), (dist.irecv, buf, peer)]):
                 w.wait()
         else:
             if pending is not None:
-                works.append((dist.isend(pending[0], pending[1]), pending[0]))   # keep the tensor until sent
+                works += [(w, pending[0]) for w in _p2p([(dist.isend, *pending)])]   # keep the tensor until sent
             if buf is not None:
-                dist.recv(buf, peer)
+                for w in _p2p([(dist.irecv, buf, peer)]):
+                    w.wait()
         pending = None
         launch.sync(dev)
         t0 = time.perf_counter()
@@ -232,7 +241,7 @@ def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torc
             time.sleep(pad)
         events.append({"stage": s, "op": op, "mb": i, "start": t0 - origin, "end": time.perf_counter() - origin})
     if pending is not None:
-        works.append((dist.isend(pending[0], pending[1]), pending[0]))
+        works += [(w, pending[0]) for w in _p2p([(dist.isend, *pending)])]
     for w, _ in works:
         w.wait()
     out = {"events": events, "losses": losses, "peak_saved_bytes": peak, "per_mb_bytes": max(held.values()),
