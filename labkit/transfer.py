@@ -172,6 +172,27 @@ def measure_sweep(sizes: Sequence[int], direction: str, pinned: bool = False,
     return out
 
 
+def fresh_pages(nbytes: int, **bench_kw) -> tuple[Timing, Timing]:
+    """(filling a new host tensor of `nbytes`, filling one already touched), on one CPU thread.
+
+    The difference is what the OS charges to map and zero fresh pages on first write (and unmap
+    them when the tensor is freed): what `.cpu()` into a new tensor pays on top of the copy.
+    """
+    if nbytes < 4:
+        raise ValueError(f"nbytes must be >= 4 (one float32), got {nbytes}")
+    n = nbytes // 4
+    touched = torch.empty(n)
+    touched.fill_(0.0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the driver writes a pageable copy's destination from one thread
+    try:
+        fresh = bench(lambda: torch.empty(n).fill_(1.0), device="cpu", **bench_kw)
+        reused = bench(lambda: touched.fill_(1.0), device="cpu", **bench_kw)
+    finally:
+        torch.set_num_threads(threads)
+    return fresh, reused
+
+
 def count_wrong(got: torch.Tensor, expected: torch.Tensor) -> int:
     """How many elements of `got` differ from `expected` (both read where they are, now)."""
     if got.shape != expected.shape:

@@ -132,6 +132,15 @@ def test_gpu_copy_buffers_copy_correctly(direction, pinned):
     assert torch.equal(dst.cpu(), src.cpu())
 
 
+def test_fresh_pages_times_both_fills_and_restores_threads():
+    threads = torch.get_num_threads()
+    fresh, reused = transfer.fresh_pages(2**20 + 6, rep_ms=5, warmup_ms=1)
+    assert torch.get_num_threads() == threads
+    assert fresh.n >= 5 and reused.n >= 5 and fresh.median_ms > 0 and reused.median_ms > 0
+    with pytest.raises(ValueError, match="nbytes must be >= 4"):
+        transfer.fresh_pages(3)
+
+
 def test_count_wrong_counts_differences():
     expected = torch.randn(1001, dtype=torch.float64)
     got = expected.clone()
