@@ -141,7 +141,7 @@ def make_app(run_batch: Callable[[torch.Tensor], torch.Tensor], d_in: int, max_b
 
 def bound_socket() -> socket.socket:
     """A socket on 127.0.0.1 at a port the OS picked."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((HOST, 0))
     return sock
