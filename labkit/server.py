@@ -175,18 +175,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--inline", action="store_true", help="run the model in the event loop, not a worker thread")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--fake-ms", type=float, default=None,
+                    help="serve a stand-in that sleeps this many ms per batch, whatever its size (tests the HTTP path)")
     args = ap.parse_args(argv)
     from labkit.batcher import bucket_sizes
-    from labkit.servemodel import Runner, make_model
+    from labkit.servemodel import FixedTime, Runner, make_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
     sys.setswitchinterval(2e-4)  # the model thread gets the GIL back from the event loop within 0.2 ms, not 5
-    dtype = getattr(torch, args.dtype)
-    model = make_model(args.d_in, args.width, args.depth, args.d_out, args.seed, device=args.device)
     buckets = bucket_sizes(args.max_batch)
-    runner = Runner(model, args.device, dtype, compile=args.compile,
-                    graphs=[b for b in buckets if b <= args.graphs_upto])
+    if args.fake_ms is not None:
+        runner = FixedTime(args.fake_ms, args.d_out)
+    else:
+        dtype = getattr(torch, args.dtype)
+        model = make_model(args.d_in, args.width, args.depth, args.d_out, args.seed, device=args.device)
+        runner = Runner(model, args.device, dtype, compile=args.compile,
+                        graphs=[b for b in buckets if b <= args.graphs_upto])
     serve(lambda ready: make_app(runner, args.d_in, args.max_batch, args.max_delay_ms / 1e3, args.max_queue,
                                  buckets, on_ready=ready, threaded=not args.inline))
 
