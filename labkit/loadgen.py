@@ -192,6 +192,12 @@ async def run_async(url: str, rate: float, n: int, payload: Callable[[int], byte
     out = {"lat": [], "rejected": 0, "errors": 0, "timeouts": 0}
     loop = asyncio.get_running_loop()
     before = await loop.run_in_executor(None, _batch_sizes, base) if metrics else {}
+    try:  # one file descriptor per connection: leave some for everything else this process has open
+        import resource
+
+        max_connections = min(max_connections, max(8, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 128))
+    except ImportError:  # Windows has no such limit to ask
+        pass
     pool = _Pool(parts.hostname, parts.port or 80, max_connections)
     try:
         tasks, lag, t0 = [], [], time.perf_counter()
