@@ -167,3 +167,10 @@ def test_under_load_the_server_batches_and_outruns_one_request_per_model_call():
     assert res.ok == res.sent and res.errors == res.rejected == res.timeouts == 0, res.summary()
     assert res.mean_batch > 2, f"the server formed batches of {res.mean_batch:.2f} on average: {res.summary()}"
     assert res.throughput > 750, f"{res.throughput:.0f} requests/s, not above 1.5x one request per 2 ms call"
+
+
+@pytest.mark.parametrize("x", [[1, 2, 3, 4, 10**400], [1, 2, 3, 4, 1e39]], ids=["huge-int", "beyond-float32"])
+def test_numbers_a_float32_cannot_hold_get_a_422(model, x):
+    with serving(app_for(model)) as url:
+        r = post(url, json.dumps({"x": x}))
+    assert r.status_code == 422 and "float32" in r.json()["error"] and model.rows == 0
