@@ -277,6 +277,26 @@ def configure(url: str, max_batch: int, max_delay_ms: float) -> dict:
     return r.json()
 
 
+def wait_idle(url: str, timeout_s: float = 10.0, settle_s: float = 0.2) -> float:
+    """Wait until a running server's queue stays empty for `settle_s` (the last load run's backlog is gone); seconds waited.
+
+    A run that overloaded the server leaves it busy with requests whose clients gave up; the next run
+    would measure that backlog, not its own load.
+    """
+    t0 = time.monotonic()
+    quiet_since = None
+    while time.monotonic() - t0 < timeout_s:
+        now = time.monotonic()
+        if metrics(url)["queue_depth"] == 0:
+            quiet_since = quiet_since or now
+            if now - quiet_since >= settle_s:
+                break
+        else:
+            quiet_since = None
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
 def metrics(url: str) -> dict:
     """A running server's /metrics."""
     import httpx

@@ -118,6 +118,7 @@ def test_config_retunes_the_batcher_and_refuses_nonsense(model):
         assert m["max_batch"] == 2 and m["max_delay_ms"] == 0.0
         r = httpx.post(url + "/config", json={"max_batch": 99}, trust_env=False)
         assert r.status_code == 422 and "max_batch" in r.json()["error"]
+        assert server.wait_idle(url, settle_s=0.1) < 2, "an idle server is idle at once"
 
 
 def test_launch_starts_a_real_server_process_and_stops_it_cleanly():
