@@ -175,3 +175,11 @@ def test_numbers_a_float32_cannot_hold_get_a_422(model, x):
     with serving(app_for(model)) as url:
         r = post(url, json.dumps({"x": x}))
     assert r.status_code == 422 and "float32" in r.json()["error"] and model.rows == 0
+
+
+def test_launch_stops_the_server_when_the_block_raises():
+    with pytest.raises(KeyError):
+        with server.launch("--fake-ms", "0", "--d-in", "4", "--max-batch", "2") as srv:
+            proc = srv.proc
+            raise KeyError("a notebook cell failed")
+    assert proc.poll() is not None and srv.drained, srv.final_log
