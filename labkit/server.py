@@ -145,7 +145,11 @@ def make_app(run_batch: Callable[[torch.Tensor], torch.Tensor], d_in: int, max_b
 
 
 def bound_socket() -> socket.socket:
-    """A socket on 127.0.0.1 at a port the OS picked."""
+    """A TCP socket on 127.0.0.1 at a port the OS picked.
+
+    Made with proto IPPROTO_TCP so that asyncio sets TCP_NODELAY on every accepted connection (it checks
+    the proto): with Nagle's algorithm on, each answer's body waited ~40 ms for the client's delayed ACK.
+    """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((HOST, 0))
@@ -278,7 +282,7 @@ def configure(url: str, max_batch: int, max_delay_ms: float) -> dict:
 
 
 def wait_idle(url: str, timeout_s: float = 10.0, settle_s: float = 0.2) -> float:
-    """Wait until a running server's queue stays empty for `settle_s` (the last load run's backlog is gone); seconds waited.
+    """Wait until a running server's queue stays empty for `settle_s` (the last run's backlog is gone); seconds waited.
 
     A run that overloaded the server leaves it busy with requests whose clients gave up; the next run
     would measure that backlog, not its own load.
