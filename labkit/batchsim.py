@@ -18,8 +18,8 @@ from labkit.batcher import Policy, bucket_for, bucket_sizes, launch_delay
 
 def poisson_arrivals(rate_per_s: float, n: int, seed: int = 0) -> np.ndarray:
     """Arrival times in seconds of n requests at `rate_per_s` on average (exponential gaps)."""
-    if rate_per_s <= 0 or n < 1:
-        raise ValueError(f"need a positive rate and at least one request, got rate={rate_per_s}, n={n}")
+    if not (0 < rate_per_s < math.inf) or n < 1:  # (a NaN rate fails this too)
+        raise ValueError(f"need a positive, finite rate and at least one request, got rate={rate_per_s}, n={n}")
     return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate_per_s, n))
 
 

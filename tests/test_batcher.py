@@ -307,6 +307,8 @@ def test_simulation_refuses_bad_traces():
         simulate(np.array([0.0, np.nan]), lambda b: 1e-3, 4, 0.0)
     with pytest.raises(ValueError, match="batch_time"):
         simulate(np.array([0.0]), lambda b: float("nan"), 4, 0.0)
+    with pytest.raises(ValueError, match="finite rate"):  # NaN arrivals used to loop forever in simulate
+        poisson_arrivals(float("nan"), 10)
 
 
 def test_queueing_estimate_is_close_to_the_simulation_and_says_when_it_cannot_keep_up():
