@@ -119,7 +119,10 @@ class Batcher:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._closing = False
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batcher-model") if threaded else None
+        # torch's CPU thread count is per thread (OpenMP): the model thread takes this thread's, else it
+        # starts one spinning OpenMP worker per core that starves the event loop between batches.
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batcher-model", initializer=torch.set_num_threads,
+                                        initargs=(torch.get_num_threads(),)) if threaded else None
 
     @property
     def max_batch(self) -> int:

@@ -18,8 +18,8 @@ from labkit.batcher import Policy, bucket_for, bucket_sizes, launch_delay
 
 def poisson_arrivals(rate_per_s: float, n: int, seed: int = 0) -> np.ndarray:
     """Arrival times in seconds of n requests at `rate_per_s` on average (exponential gaps)."""
-    if rate_per_s <= 0 or n < 1:
-        raise ValueError(f"need a positive rate and at least one request, got rate={rate_per_s}, n={n}")
+    if not (0 < rate_per_s < math.inf) or n < 1:  # (a NaN rate fails this too)
+        raise ValueError(f"need a positive, finite rate and at least one request, got rate={rate_per_s}, n={n}")
     return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate_per_s, n))
 
 
@@ -59,24 +59,36 @@ class SimResult:
 
 def simulate(arrivals: np.ndarray, batch_time: Callable[[int], float], max_batch: int, max_delay_s: float,
              policy: Policy = launch_delay, buckets: tuple[int, ...] | None = None) -> SimResult:
-    """Serve `arrivals` (sorted seconds) with one model whose batch of b (padded to a bucket) takes batch_time(b)."""
+    """Serve `arrivals` (sorted seconds) with one model whose batch of b (padded to a bucket) takes batch_time(b).
+
+    Event-driven: time jumps from event to event (an arrival, the model coming free, the policy's
+    timer running out), so n requests cost O(n) steps, each asking the policy once.
+    """
     arrivals = np.asarray(arrivals, float)
-    buckets = buckets or bucket_sizes(max_batch)
+    if arrivals.ndim != 1 or not np.isfinite(arrivals).all() or (np.diff(arrivals) < 0).any():
+        raise ValueError("arrivals must be a 1-D array of finite times in seconds, sorted (see poisson_arrivals)")
+    buckets = tuple(buckets or bucket_sizes(max_batch))
+    if max_batch > buckets[-1]:
+        raise ValueError(f"max_batch={max_batch} exceeds the largest bucket {buckets[-1]}")
+    run_s = {b: float(batch_time(b)) for b in buckets}  # the curve is asked once per bucket, not once per batch
+    if not all(math.isfinite(t) and t >= 0 for t in run_s.values()):
+        raise ValueError(f"batch_time must give finite, non-negative seconds; got {run_s}")
     n = len(arrivals)
+    a = arrivals.tolist()  # Python floats: each step below is a few scalar operations
     done = np.empty(n)
     sizes, launches = [], []
-    head, nxt, now, busy = 0, 0, 0.0, 0.0  # queue = arrivals[head:nxt]; the model is free at `now`
+    head, nxt, now, busy = 0, 0, 0.0, 0.0  # queue = a[head:nxt]; the model is free at `now`
     while head < n:
-        if head == nxt:  # nothing waits: jump to the next arrival
-            now = max(now, arrivals[nxt])
-        while nxt < n and arrivals[nxt] <= now:
+        if head == nxt and a[nxt] > now:  # nothing waits: jump to the next arrival
+            now = a[nxt]
+        while nxt < n and a[nxt] <= now:
             nxt += 1
-        wait = policy(nxt - head, now - arrivals[head], max_batch, max_delay_s)
-        if wait > 0 and now + wait > now:  # (a wait lost to rounding launches now)
-            now = min(now + wait, arrivals[nxt]) if nxt < n else now + wait
-            continue
+        wait = policy(nxt - head, now - a[head], max_batch, max_delay_s)
+        if wait > 0 and now + wait > now:  # wait for the timer or the next arrival, whichever is first
+            now = min(now + wait, a[nxt]) if nxt < n else now + wait  # (a wait lost to rounding launches now)
+            continue  # (a policy that waits forever launches at now = inf: "never")
         k = min(max_batch, nxt - head)
-        t = batch_time(bucket_for(k, buckets))
+        t = run_s[bucket_for(k, buckets)]
         launches.append(now)
         sizes.append(k)
         now += t

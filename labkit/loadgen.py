@@ -81,51 +81,140 @@ def check_loopback(url: str) -> None:
         raise ValueError(f"the load generator only targets this machine (127.0.0.1 / localhost), not {host!r}")
 
 
-async def _one(client, url: str, body: bytes, timeout_s: float, out: dict) -> None:
+class _Pool:
+    """Keep-alive HTTP/1.1 connections to one host:port, opened on demand, at most `limit` at a time.
+
+    A minimal client on asyncio streams (one POST, a Content-Length answer): a general client such as
+    httpx spends about a millisecond of Python per request and manages its pool in time that grows
+    with the number of open connections, so at a few hundred requests per second it, not the server,
+    becomes the bottleneck. A load generator must be cheaper than the server it loads.
+    """
+
+    def __init__(self, host: str, port: int, limit: int):
+        self.host, self.port = host, port
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.slots = asyncio.Semaphore(limit)
+
+    async def post(self, path: str, body: bytes) -> int:
+        """POST `body` (JSON) to `path`; the answer's status code (the body is read and discarded)."""
+        request = (b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                   b"\r\n%s" % (path.encode(), self.host.encode(), self.port, len(body), body))
+        async with self.slots:
+            while True:
+                reused = bool(self.idle)
+                reader, writer = self.idle.pop() if reused else await asyncio.open_connection(self.host, self.port)
+                try:
+                    writer.write(request)
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    status, length, close = _parse_head(head)
+                    await reader.readexactly(length)
+                except (asyncio.IncompleteReadError, ConnectionError) as err:
+                    writer.close()
+                    if reused and not getattr(err, "partial", b""):
+                        continue  # the server had closed this idle connection: send again on a fresh one
+                    raise
+                except BaseException:  # timed out, cancelled or broken: this connection is not reusable
+                    writer.close()
+                    raise
+                if close:
+                    writer.close()
+                else:
+                    self.idle.append((reader, writer))
+                return status
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+def _parse_head(head: bytes) -> tuple[int, int, bool]:
+    """(status, Content-Length, whether the server closes the connection) of a response head."""
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split(b" ", 2)[1])
+    length, close = None, False
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"connection":
+            close = value.strip().lower() == b"close"
+        elif name == b"transfer-encoding":
+            raise ValueError("the server sent a chunked answer; the load generator reads Content-Length answers only")
+    if length is None:
+        raise ValueError(f"the server's answer (status {status}) has no Content-Length")
+    return status, length, close
+
+
+async def _one(pool: _Pool, body: bytes, timeout_s: float, out: dict) -> None:
     t0 = time.perf_counter()
     try:
-        r = await client.post(url, content=body, headers={"content-type": "application/json"}, timeout=timeout_s)
-    except Exception as err:  # httpx.TimeoutException and friends: the client gave up
-        import httpx
-
-        out["timeouts" if isinstance(err, httpx.TimeoutException) else "errors"] += 1
+        status = await asyncio.wait_for(pool.post("/predict", body), timeout_s)
+    except TimeoutError:  # the client gave up (and hung up: the server drops it)
+        out["timeouts"] += 1
+        return
+    except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        out["errors"] += 1
         return
     ms = (time.perf_counter() - t0) * 1e3
-    if r.status_code == 200:
+    if status == 200:
         out["lat"].append(ms)
-    elif r.status_code == 503:
+    elif status == 503:
         out["rejected"] += 1
     else:
         out["errors"] += 1
 
 
-async def run_async(url: str, rate: float, n: int, payload: Callable[[int], bytes], max_s: float = 10.0,
-                    timeout_s: float = 5.0, seed: int = 0, metrics: bool = True) -> LoadResult:
-    """Send up to n requests to `url`/predict at Poisson times of mean `rate` per second, for at most `max_s` s."""
+def _batch_sizes(base: str) -> dict:
     import httpx
 
+    r = httpx.get(base + "/metrics", trust_env=False, timeout=10)
+    r.raise_for_status()
+    return r.json()["batch_sizes"]
+
+
+async def run_async(url: str, rate: float, n: int, payload: Callable[[int], bytes], max_s: float = 10.0,
+                    timeout_s: float = 5.0, seed: int = 0, metrics: bool = True,
+                    max_connections: int = 1024) -> LoadResult:
+    """Send up to n requests to `url`/predict at Poisson times of mean `rate` per second, for at most `max_s` s.
+
+    At most `max_connections` requests are in flight; more wait for a free connection (their wait counts
+    in their latency, and in `send_lag_ms` when it delays the sender).
+    """
     check_loopback(url)
     if n < 1 or rate <= 0 or max_s <= 0:
         raise ValueError(f"need n >= 1, rate > 0 and max_s > 0; got n={n}, rate={rate}, max_s={max_s}")
+    parts = urlparse(url)
     base = url.rstrip("/")
     when = poisson_arrivals(rate, n, seed)
     bodies = [payload(i) for i in range(n)]
     out = {"lat": [], "rejected": 0, "errors": 0, "timeouts": 0}
-    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=4096)
-    async with httpx.AsyncClient(limits=limits, trust_env=False) as client:
-        before = (await client.get(base + "/metrics")).json()["batch_sizes"] if metrics else {}
+    loop = asyncio.get_running_loop()
+    before = await loop.run_in_executor(None, _batch_sizes, base) if metrics else {}
+    try:  # one file descriptor per connection: leave some for everything else this process has open
+        import resource
+
+        max_connections = min(max_connections, max(8, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 128))
+    except ImportError:  # Windows has no such limit to ask
+        pass
+    pool = _Pool(parts.hostname, parts.port or 80, max_connections)
+    try:
         tasks, lag, t0 = [], [], time.perf_counter()
         for i, t in enumerate(when):
-            if t > max_s or time.perf_counter() - t0 > max_s:  # a client that falls behind stops on time too
+            now = time.perf_counter() - t0
+            if t > max_s or now > max_s:  # a client that falls behind stops on time too
                 break
-            delay = t - (time.perf_counter() - t0)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            lag.append(max(0.0, (time.perf_counter() - t0 - t) * 1e3))
-            tasks.append(asyncio.ensure_future(_one(client, base + "/predict", bodies[i], timeout_s, out)))
+            if t > now:
+                await asyncio.sleep(t - now)
+                now = time.perf_counter() - t0
+            lag.append(max(0.0, (now - t) * 1e3))
+            tasks.append(loop.create_task(_one(pool, bodies[i], timeout_s, out)))
         await asyncio.gather(*tasks)
         duration = time.perf_counter() - t0
-        after = (await client.get(base + "/metrics")).json()["batch_sizes"] if metrics else {}
+    finally:
+        pool.close()
+    after = await loop.run_in_executor(None, _batch_sizes, base) if metrics else {}
     formed = Counter({int(k): v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0})
     return LoadResult(rate, len(tasks), duration, np.asarray(out["lat"]), out["rejected"], out["errors"],
                       out["timeouts"], formed, np.asarray(lag))

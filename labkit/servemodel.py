@@ -6,6 +6,7 @@ Per sample it does 2 * (d_in*width + depth*width^2 + width*d_out) FLOPs; per bat
 """
 from __future__ import annotations
 
+import time
 from typing import Iterable
 
 import torch
@@ -86,3 +87,19 @@ class Runner:
             else:
                 out = self.fn(x.to(self.device, self.dtype))
             return out.float().cpu()
+
+
+class FixedTime:
+    """A stand-in model that takes `ms` per call whatever the batch size (it sleeps): tests the serving path alone.
+
+    Row i of the answer is the sum of input row i, repeated `d_out` times, so a test can check who got what.
+    """
+
+    def __init__(self, ms: float, d_out: int = 16):
+        if ms < 0 or d_out < 1:
+            raise ValueError(f"need ms >= 0 and d_out >= 1, got ms={ms}, d_out={d_out}")
+        self.ms, self.d_out = ms, d_out
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.ms / 1e3)
+        return x.sum(1, keepdim=True).expand(-1, self.d_out).clone()

@@ -84,3 +84,14 @@ def test_only_loopback_targets_are_allowed():
         loadgen.run("http://example.com:80", rate=1.0, n=1, payload=payload)
     with pytest.raises(ValueError, match="rate"):
         loadgen.run("http://127.0.0.1:1", rate=0.0, n=1, payload=payload)
+
+
+def test_a_server_that_closes_each_connection_is_still_answered():
+    async def predict(request):
+        await request.body()
+        return JSONResponse({"y": [1.0]}, headers={"connection": "close"})
+
+    app = Starlette(routes=[Route("/predict", predict, methods=["POST"])])
+    with serving(app) as url:
+        r = loadgen.run(url, rate=200.0, n=30, payload=payload, metrics=False)
+    assert r.ok == r.sent == 30 and r.errors == 0

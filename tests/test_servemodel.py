@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from labkit.servemodel import Runner, flops_per_sample, make_model, weight_bytes
+from labkit.servemodel import FixedTime, Runner, flops_per_sample, make_model, weight_bytes
 
 
 def test_same_seed_same_weights_and_the_counts_add_up():
@@ -35,3 +35,17 @@ def test_runner_in_bf16_stays_close():
         ref = make_model(6, 17, 2, 3, seed=1).double()(x.double())
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=5e-2, atol=5e-2)
+
+
+def test_fixed_time_stand_in_takes_its_time_whatever_the_batch():
+    import time
+
+    m = FixedTime(ms=20, d_out=3)
+    for b in (1, 64):
+        x = torch.randn(b, 5)
+        t0 = time.perf_counter()
+        y = m(x)
+        assert time.perf_counter() - t0 >= 0.019
+        torch.testing.assert_close(y, x.sum(1, keepdim=True).expand(b, 3))
+    with pytest.raises(ValueError, match="ms >= 0"):
+        FixedTime(ms=-1)

@@ -118,6 +118,7 @@ def test_config_retunes_the_batcher_and_refuses_nonsense(model):
         assert m["max_batch"] == 2 and m["max_delay_ms"] == 0.0
         r = httpx.post(url + "/config", json={"max_batch": 99}, trust_env=False)
         assert r.status_code == 422 and "max_batch" in r.json()["error"]
+        assert server.wait_idle(url, settle_s=0.1) < 2, "an idle server is idle at once"
 
 
 def test_launch_starts_a_real_server_process_and_stops_it_cleanly():
@@ -138,3 +139,47 @@ def test_launch_reports_a_server_that_fails_to_start():
     with pytest.raises(RuntimeError, match="before listening"):
         with server.launch("--dtype", "float64"):
             pass
+
+
+def test_answers_are_not_held_back_by_nagles_algorithm(model):
+    """Without TCP_NODELAY on the server's sockets every keep-alive answer waited ~40 ms for a delayed ACK."""
+    import time
+
+    with serving(app_for(model, max_delay_s=0.0)) as url:
+        with httpx.Client(trust_env=False, timeout=10) as client:
+            times = []
+            for _ in range(12):
+                t0 = time.perf_counter()
+                assert client.post(url + "/predict", json={"x": [1] * D_IN}).status_code == 200
+                times.append(time.perf_counter() - t0)
+    assert sorted(times)[len(times) // 2] < 0.02, f"median round trip {sorted(times)[len(times) // 2] * 1e3:.1f} ms"
+
+
+def test_under_load_the_server_batches_and_outruns_one_request_per_model_call():
+    """A stand-in model taking 2 ms per call whatever the batch: unbatched, 500 requests/s is the ceiling."""
+    from labkit import loadgen
+
+    body = json.dumps({"x": [0.5] * 8}).encode()
+    with server.launch("--fake-ms", "2", "--d-in", "8", "--d-out", "2", "--max-batch", "64",
+                       "--max-delay-ms", "2", "--max-queue", "4096") as srv:
+        res = loadgen.run(srv.url, rate=1500, n=3000, payload=lambda i: body, max_s=2.0, timeout_s=20)
+        y = httpx.post(srv.url + "/predict", content=body, trust_env=False, timeout=10).json()["y"]
+    assert y == [4.0, 4.0]
+    assert res.ok == res.sent and res.errors == res.rejected == res.timeouts == 0, res.summary()
+    assert res.mean_batch > 2, f"the server formed batches of {res.mean_batch:.2f} on average: {res.summary()}"
+    assert res.throughput > 750, f"{res.throughput:.0f} requests/s, not above 1.5x one request per 2 ms call"
+
+
+@pytest.mark.parametrize("x", [[1, 2, 3, 4, 10**400], [1, 2, 3, 4, 1e39]], ids=["huge-int", "beyond-float32"])
+def test_numbers_a_float32_cannot_hold_get_a_422(model, x):
+    with serving(app_for(model)) as url:
+        r = post(url, json.dumps({"x": x}))
+    assert r.status_code == 422 and "float32" in r.json()["error"] and model.rows == 0
+
+
+def test_launch_stops_the_server_when_the_block_raises():
+    with pytest.raises(KeyError):
+        with server.launch("--fake-ms", "0", "--d-in", "4", "--max-batch", "2") as srv:
+            proc = srv.proc
+            raise KeyError("a notebook cell failed")
+    assert proc.poll() is not None and srv.drained, srv.final_log
