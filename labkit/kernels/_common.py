@@ -88,3 +88,31 @@ def row_tile(n_cols: int, min_tile: int, elems_per_thread: int, max_warps: int =
     if INTERPRETED:
         num_warps = 1
     return block_m, block_n, num_warps
+
+
+class Launcher:
+    """A Triton kernel's compiled launches, cached under a key the caller computes.
+
+    `kernel[grid](...)` binds and specialises every argument on each call (microseconds of Python,
+    longer than a small kernel runs); a launch whose key was seen before goes straight to the
+    compiled kernel. The key must capture what Triton specialises on: dtypes, and for each pointer
+    whether it is 16-byte aligned, for each integer whether it is divisible by 16 or equal to 1.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.compiled: dict = {}
+
+    def __call__(self, key, grid: tuple, args: tuple, constexprs: dict, **options) -> None:
+        compiled = self.compiled.get(key)
+        if compiled is not None:  # constexprs go last, in the kernel's order, as Triton's own launch passes them
+            compiled[grid](*args, *constexprs.values())
+            return
+        compiled = self.kernel[grid](*args, **constexprs, **options)
+        if not INTERPRETED and compiled is not None:
+            self.compiled[key] = compiled
+
+
+def int_spec(n: int) -> tuple[bool, bool]:
+    """What Triton specialises an integer argument on."""
+    return n % 16 == 0, n == 1

@@ -9,7 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import FLOAT_DTYPES, INTERPRETED, check_same_device, check_same_dtype, check_tensor
+from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, Launcher, check_same_device, check_same_dtype,
+                                    check_tensor)
 
 
 def min_bytes(n: int, dtype: torch.dtype = torch.float32) -> int:
@@ -42,6 +43,9 @@ def vector_add_kernel(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
 
 
 BLOCK = 4096
+_launch = Launcher(vector_add_kernel)
+# (dtype, device) pairs that passed the checks once: later calls with them skip the checks.
+_checked: set = set()
 
 
 def vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -66,6 +70,15 @@ class _VectorAdd(torch.autograd.Function):
 
 
 def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    # The hot path: at 1M elements the kernel runs for microseconds, so the Python around it must
+    # cost less than that: inputs of a kind seen before go straight to the cached launch.
+    if (x.dtype, y.dtype, x.device, y.device) in _checked and x.shape == y.shape and x.is_contiguous() \
+            and y.is_contiguous() and 0 < x.numel() < 2**31:
+        n = x.numel()
+        z = torch.empty_like(x)
+        _launch((x.dtype, x.data_ptr() % 16 == 0, y.data_ptr() % 16 == 0, n % 16 == 0, n == 1),
+                ((n + BLOCK - 1) // BLOCK,), (x, y, z, n), {"BLOCK": BLOCK}, num_warps=8)
+        return z
     check_tensor("vector_add", "x", x, FLOAT_DTYPES)
     check_tensor("vector_add", "y", y, FLOAT_DTYPES)
     check_same_device("vector_add", x=x, y=y)
@@ -83,7 +96,12 @@ def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     # 4096 elements per program and 8 warps (256 threads): each thread adds 16 pairs,
     # loading them in 16-byte pieces; cdiv(n, 4096) programs cover the whole array.
     grid = (triton.cdiv(n, BLOCK),)
-    vector_add_kernel[grid](x, y, z, n, BLOCK=BLOCK, num_warps=1 if INTERPRETED else 8)
+    if INTERPRETED:
+        vector_add_kernel[grid](x, y, z, n, BLOCK=BLOCK, num_warps=1)
+        return z
+    _checked.add((x.dtype, y.dtype, x.device, y.device))
+    _launch((x.dtype, x.data_ptr() % 16 == 0, y.data_ptr() % 16 == 0, n % 16 == 0, n == 1), grid, (x, y, z, n),
+            {"BLOCK": BLOCK}, num_warps=8)
     return z
 
 
