@@ -239,7 +239,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 
 
 # ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
-from labkit.kernels._bench import BenchCase, Timed, bind, grad_fn, maybe_compile, randn, rows_cols  # noqa: E402
+from labkit.kernels._bench import BenchCase, Timed, bind, grad_fn, maybe_compile, peer, randn, rows_cols  # noqa: E402
 
 
 def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
@@ -247,7 +247,8 @@ def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Time
     x, w, b = randn(M, N, dtype=dtype), randn(N, dtype=dtype), randn(N, dtype=dtype)
     return Timed(f"{M}x{N}", lambda: layer_norm(x, w, b),
                  {"eager": lambda: reference(x, w, b),
-                  "compile": bind(maybe_compile(reference, use_compile), x, w, b)},
+                  "compile": bind(maybe_compile(reference, use_compile), x, w, b),
+                  "liger": bind(peer("layer_norm"), x, w, b)},
                  min_bytes((M, N), dtype))
 
 
@@ -261,7 +262,8 @@ def _bench_fb(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> T
     def fb(fn):  # forward and backward through autograd, as in training
         return (lambda: torch.autograd.grad(fn(x, w, b), (x, w, b), dy)) if fn is not None else None
     return Timed(f"{M}x{N}", fb(layer_norm),
-                 {"eager": fb(reference), "compile": fb(maybe_compile(reference, use_compile))},
+                 {"eager": fb(reference), "compile": fb(maybe_compile(reference, use_compile)),
+                  "liger": fb(peer("layer_norm"))},
                  min_bytes((M, N), dtype) + min_bytes((M, N), dtype, backward=True))
 
 
@@ -273,7 +275,8 @@ def _bench_bwd(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> 
         t.requires_grad_(True)
     return Timed(f"{M}x{N}", grad_fn(layer_norm, (x, w, b), dy),
                  {"eager": grad_fn(reference, (x, w, b), dy),
-                  "compile": grad_fn(maybe_compile(reference, use_compile), (x, w, b), dy)},
+                  "compile": grad_fn(maybe_compile(reference, use_compile), (x, w, b), dy),
+                  "liger": grad_fn(peer("layer_norm"), (x, w, b), dy)},
                  min_bytes((M, N), dtype, backward=True))
 
 
@@ -281,5 +284,7 @@ def bench_cases() -> list[BenchCase]:
     sizes = dict(gpu_sizes=("65536x1024", "16384x4096", "8192x8192"), cpu_sizes=("17x129",))
     fwd = dict(gpu_sizes=("65536x1024", "16384x4096", "8192x8192", "4096x16384"), cpu_sizes=("17x129",))
     fb = dict(gpu_sizes=("65536x1024", "16384x2048", "16384x4096", "8192x8192", "4096x16384"), cpu_sizes=("17x129",))
-    return [BenchCase("layer_norm", _bench, **fwd), BenchCase("layer_norm_bwd", _bench_bwd, **sizes),
-            BenchCase("layer_norm_fb", _bench_fb, **fb)]
+    peers = ("eager", "compile", "liger")
+    return [BenchCase("layer_norm", _bench, **fwd, baselines=peers),
+            BenchCase("layer_norm_bwd", _bench_bwd, **sizes, baselines=peers),
+            BenchCase("layer_norm_fb", _bench_fb, **fb, baselines=peers)]

@@ -203,18 +203,19 @@ def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = N
 
 
 # ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
-from labkit.kernels._bench import BenchCase, Timed, bind, maybe_compile, randn, rows_cols  # noqa: E402
+from labkit.kernels._bench import BenchCase, Timed, bind, maybe_compile, peer, randn, rows_cols  # noqa: E402
 
 
 def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
     M, N = rows_cols(dims)
     x = randn(M, N, dtype=dtype)
     return Timed(f"{M}x{N}", lambda: softmax(x),
-                 {"eager": lambda: reference(x), "compile": bind(maybe_compile(reference, use_compile), x)},
+                 {"eager": lambda: reference(x), "compile": bind(maybe_compile(reference, use_compile), x),
+                  "liger": bind(peer("softmax"), x)},
                  min_bytes((M, N), dtype))
 
 
 def bench_cases() -> list[BenchCase]:
     return [BenchCase("softmax", _bench, gpu_sizes=("65536x1024", "16384x4096", "4096x16384", "256x65536",
                                                   "1024x65536", "256x131072"),
-                      cpu_sizes=("17x129",))]
+                      cpu_sizes=("17x129",), baselines=("eager", "compile", "liger"))]
