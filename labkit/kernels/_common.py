@@ -91,28 +91,38 @@ def row_tile(n_cols: int, min_tile: int, elems_per_thread: int, max_warps: int =
 
 
 class Launcher:
-    """A Triton kernel's compiled launches, cached under a key the caller computes.
+    """A Triton kernel's compiled launches, cached by what Triton specialises on.
 
     `kernel[grid](...)` binds and specialises every argument on each call (microseconds of Python,
-    longer than a small kernel runs); a launch whose key was seen before goes straight to the
-    compiled kernel. The key must capture what Triton specialises on: dtypes, and for each pointer
-    whether it is 16-byte aligned, for each integer whether it is divisible by 16 or equal to 1.
+    longer than a small kernel runs); a launch whose arguments specialise as before goes straight
+    to the compiled kernel. Call it as launcher(grid, args, constexprs, num_warps=...), with the
+    constexprs in the kernel's order. In the interpreter it is the plain `kernel[grid](...)`.
     """
 
     def __init__(self, kernel):
         self.kernel = kernel
         self.compiled: dict = {}
 
-    def __call__(self, key, grid: tuple, args: tuple, constexprs: dict, **options) -> None:
-        compiled = self.compiled.get(key)
-        if compiled is not None:  # constexprs go last, in the kernel's order, as Triton's own launch passes them
-            compiled[grid](*args, *constexprs.values())
+    def __call__(self, grid: tuple, args: tuple, constexprs: dict, **options) -> None:
+        if INTERPRETED:
+            self.kernel[grid](*args, **constexprs, **options)
             return
-        compiled = self.kernel[grid](*args, **constexprs, **options)
-        if not INTERPRETED and compiled is not None:
+        key = (tuple(map(_spec, args)), *constexprs.values(), *options.values())
+        compiled = self.compiled.get(key)
+        grid3 = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        if compiled is not None:  # constexprs go last, in the kernel's order, as Triton's own launch passes them
+            compiled[grid3](*args, *constexprs.values())
+            return
+        compiled = self.kernel[grid3](*args, **constexprs, **options)
+        if compiled is not None:
             self.compiled[key] = compiled
 
 
-def int_spec(n: int) -> tuple[bool, bool]:
-    """What Triton specialises an integer argument on."""
-    return n % 16 == 0, n == 1
+def _spec(a) -> object:
+    """What Triton specialises an argument on: a tensor's dtype and 16-byte alignment; an integer's
+    divisibility by 16, being 1, and whether it needs 64 bits."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    if isinstance(a, bool) or not isinstance(a, int):
+        return type(a)
+    return a % 16 == 0, a == 1, -2**31 <= a < 2**31

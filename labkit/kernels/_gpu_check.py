@@ -1,7 +1,11 @@
 """Issue 19's full-size check on a GPU host: correctness at full size, then each target case timed
 against eager / torch.compile / cuBLAS / Liger-Kernel, with tile sweeps; a compact table last.
 
-    python -m labkit.kernels._gpu_check [--sweep] [--out DIR]
+    python -m labkit.kernels._gpu_check [--sweep] [--out DIR] [--only SECTION ...] [--compile {no,only,both}]
+    python -m labkit.kernels._gpu_check --summary --out DIR
+
+torch.compile's baselines can run in a separate process (--compile only): Inductor's worker threads
+and pools then cannot disturb the other timings.
 
 Rates are from the minimum bytes, as a fraction of the measured copy bandwidth (as `labkit bench`).
 Results go to DIR/results.jsonl as they come, so a run cut short keeps what it measured.
@@ -30,7 +34,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     ap.add_argument("--budget", type=float, default=200.0, help="seconds; later sections are skipped past it")
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--compile", choices=("no", "only", "both"), default="both")
+    ap.add_argument("--summary", action="store_true", help="print the table of DIR/results.jsonl and stop")
     args = ap.parse_args()
+    global MODE
+    MODE = args.compile
+    if args.summary:
+        ROWS.extend(json.loads(line) for line in (args.out / "results.jsonl").read_text().splitlines() if line)
+        summary()
+        return
     labkit.setup()
     gpu = labkit.current().is_gpu
     out = args.out / "results.jsonl"
@@ -43,6 +55,14 @@ def main() -> None:
     print(f"# copy ceiling {copy:,.0f} GB/s", flush=True)
 
     def rec(case, shape, dtype, variant, ms, nbytes=None, ref=None, **extra):
+        if ms is None or (MODE == "only" and variant != "compile") or (MODE == "no" and variant == "compile"):
+            return
+        if callable(ms):  # a timing that may fail (a peer's limit): say so and go on
+            try:
+                ms = ms()
+            except Exception as exc:
+                print(f"# {case} {shape} {dtype} {variant}: {type(exc).__name__}: {str(exc)[:150]}", flush=True)
+                return
         row = dict(case=case, shape=shape, dtype=dtype, variant=variant, ms=ms,
                    frac=(nbytes / ms / 1e6 / copy) if nbytes and ms else None, **extra)
         if ref:
@@ -69,7 +89,12 @@ def main() -> None:
             traceback.print_exc()
             print(f"# {name}: FAILED {type(exc).__name__}: {exc}", flush=True)
         torch.cuda.empty_cache() if gpu else None
-    summary(copy)
+    import threading
+    print(f"# Python threads at the end: {[th.name for th in threading.enumerate()]}")
+    summary()
+
+
+MODE = "both"
 
 
 def t(fn, graph=False) -> float:
@@ -104,7 +129,7 @@ def sec_softmax(rec, sweep, gpu, peer):
     from labkit import kernels
     mod = sys.modules["labkit.kernels.softmax"]
     liger = peer("softmax")
-    comp = torch.compile(lambda x: torch.softmax(x, -1)) if gpu else None
+    comp = torch.compile(lambda x: torch.softmax(x, -1)) if gpu and MODE != "no" else None
     shapes = dims(gpu, [(1024, 65536), (256, 131072), (65536, 1024), (4096, 16384), (256, 65536)], [(3, 300)])
     for M, N in shapes:
         for dn, dt in DT.items():
@@ -114,23 +139,23 @@ def sec_softmax(rec, sweep, gpu, peer):
             y = kernels.softmax(x)
             e = err(y, torch.softmax(x.double(), -1))
             assert e < (2e-6 if dt == torch.float32 else 8e-3), f"softmax {shape} {dn}: max error {e}"
-            rec("softmax", shape, dn, "labkit", t(lambda: kernels.softmax(x)), nbytes, err=f"{e:.1e}",
+            rec("softmax", shape, dn, "labkit", lambda: t(lambda: kernels.softmax(x)), nbytes, err=f"{e:.1e}",
                 split=mod.use_split(M, N, dt, x.device))
-            rec("softmax", shape, dn, "eager", t(lambda: torch.softmax(x, -1)), nbytes, ref=True)
+            rec("softmax", shape, dn, "eager", lambda: t(lambda: torch.softmax(x, -1)), nbytes, ref=True)
             if comp:
-                rec("softmax", shape, dn, "compile", t(lambda: comp(x)), nbytes, ref=True)
+                rec("softmax", shape, dn, "compile", lambda: t(lambda: comp(x)), nbytes, ref=True)
             if liger:
-                rec("softmax", shape, dn, "liger", t(lambda: liger(x)), nbytes, ref=True)
+                rec("softmax", shape, dn, "liger", lambda: t(lambda: liger(x)), nbytes, ref=True)
             if sweep and N > 16384:
                 old = (dict(mod.SPLIT_CHUNK), mod.SPLIT_WARPS)
-                for chunk, warps in [(4096, 4), (8192, 8), (8192, 16), (16384, 16), (16384, 32), (32768, 32)]:
+                for chunk, warps in [(4096, 8), (8192, 8), (8192, 16), (16384, 16), (16384, 32)]:
                     if dt == torch.float32 and chunk > 16384:
                         continue
                     mod.SPLIT_CHUNK[dt], mod.SPLIT_WARPS = chunk, warps
-                    rec("softmax", shape, dn, f"split c{chunk} w{warps}", t(lambda: kernels.softmax(x)), nbytes)
+                    rec("softmax", shape, dn, f"split c{chunk} w{warps}", lambda: t(lambda: kernels.softmax(x)), nbytes)
                 mod.SPLIT_CHUNK.update(old[0])
                 mod.SPLIT_WARPS = old[1]
-                rec("softmax", shape, dn, "online (2 reads)", t(lambda: kernels.softmax(x, split=False)), nbytes)
+                rec("softmax", shape, dn, "online (2 reads)", lambda: t(lambda: kernels.softmax(x, split=False)), nbytes)
             del x, y
 
 
@@ -140,7 +165,7 @@ def sec_layer_norm(rec, sweep, gpu, peer):
     from labkit.kernels.layer_norm import layer_norm_backward, layer_norm_forward
     liger = peer("layer_norm")
     ref = mod.reference
-    comp = torch.compile(ref) if gpu else None
+    comp = torch.compile(ref) if gpu and MODE != "no" else None
     if gpu:
         import torch._functorch.config as fc
         fc.donated_buffer = False
@@ -165,43 +190,45 @@ def sec_layer_norm(rec, sweep, gpu, peer):
             e = f"{max(errs):.1e}"
             # forward
             nb = mod.min_bytes((M, N), dt)
-            rec("ln_fwd", shape, dn, "labkit", t(lambda: kernels.layer_norm(x, w, b)), nb, err=e,
+            rec("ln_fwd", shape, dn, "labkit", lambda: t(lambda: kernels.layer_norm(x, w, b)), nb, err=e,
                 tile=mod._fwd_tile(N, dt))
-            rec("ln_fwd", shape, dn, "eager", t(lambda: ref(x, w, b)), nb, ref=True)
+            rec("ln_fwd", shape, dn, "eager", lambda: t(lambda: ref(x, w, b)), nb, ref=True)
             if comp:
-                rec("ln_fwd", shape, dn, "compile", t(lambda: comp(x, w, b)), nb, ref=True)
+                rec("ln_fwd", shape, dn, "compile", lambda: t(lambda: comp(x, w, b)), nb, ref=True)
             if liger:
-                rec("ln_fwd", shape, dn, "liger", t(lambda: liger(x, w, b)), nb, ref=True)
+                rec("ln_fwd", shape, dn, "liger", lambda: t(lambda: liger(x, w, b)), nb, ref=True)
             if sweep and dt == torch.bfloat16 and N >= 8192:
                 old = mod.FWD_TILE[dt]
-                for vpt in (8, 16, 64):
+                for vpt in (16, 64):
                     mod.FWD_TILE[dt] = (old[0], vpt)
-                    rec("ln_fwd", shape, dn, f"vpt{vpt} {mod._fwd_tile(N, dt)}", t(lambda: kernels.layer_norm(x, w, b)),
+                    rec("ln_fwd", shape, dn, f"vpt{vpt} {mod._fwd_tile(N, dt)}", lambda: t(lambda: kernels.layer_norm(x, w, b)),
                         nb)
                 mod.FWD_TILE[dt] = old
             # backward kernels alone, and forward + backward through autograd
             _, mean, rstd = layer_norm_forward(x, w, b)
             bb = mod.min_bytes((M, N), dt, backward=True)
-            rec("ln_bwd", shape, dn, "labkit kernels", t(lambda: layer_norm_backward(dy, x, w, mean, rstd)), bb,
-                tile=mod._bwd_tile(N))
+            rec("ln_bwd", shape, dn, "labkit kernels", lambda: t(lambda: layer_norm_backward(dy, x, w, mean, rstd)), bb,
+                tile=mod._bwd_tile(N, dt))
             xs, ws, bs = (v.detach().clone().requires_grad_() for v in (x, w, b))
 
             def fb(fn):
                 return lambda: torch.autograd.grad(fn(xs, ws, bs), (xs, ws, bs), dy)
-            rec("ln_fb", shape, dn, "labkit", t(fb(kernels.layer_norm)), fb_bytes)
-            rec("ln_fb", shape, dn, "eager", t(fb(ref)), fb_bytes, ref=True)
+            rec("ln_fb", shape, dn, "labkit", lambda: t(fb(kernels.layer_norm)), fb_bytes)
+            rec("ln_fb", shape, dn, "eager", lambda: t(fb(ref)), fb_bytes, ref=True)
             if comp:
-                rec("ln_fb", shape, dn, "compile", t(fb(comp)), fb_bytes, ref=True)
+                rec("ln_fb", shape, dn, "compile", lambda: t(fb(comp)), fb_bytes, ref=True)
             if liger:
-                rec("ln_fb", shape, dn, "liger", t(fb(liger)), fb_bytes, ref=True)
+                rec("ln_fb", shape, dn, "liger", lambda: t(fb(liger)), fb_bytes, ref=True)
+            rec("ln_fb", shape, dn, "host labkit", lambda: host_ms(fb(kernels.layer_norm)))
+            rec("ln_fb", shape, dn, "host eager", lambda: host_ms(fb(ref)))
             if sweep:
-                olds = (mod.BWD_VALUES_PER_THREAD, mod.BWD_PREFETCH_MAX_COLS, mod.BWD_PROGRAMS_PER_SM)
-                for vpt, pre, ps in [(16, olds[1], 2), (32, 0, 2), (32, 1 << 20, 2), (32, olds[1], 4),
-                                     (16, 0, 4), (32, 0, 1)]:
-                    mod.BWD_VALUES_PER_THREAD, mod.BWD_PREFETCH_MAX_COLS, mod.BWD_PROGRAMS_PER_SM = vpt, pre, ps
-                    rec("ln_bwd", shape, dn, f"vpt{vpt} pre{int(N <= pre)} p{ps} {mod._bwd_tile(N)}",
-                        t(lambda: layer_norm_backward(dy, x, w, mean, rstd)), bb)
-                (mod.BWD_VALUES_PER_THREAD, mod.BWD_PREFETCH_MAX_COLS, mod.BWD_PROGRAMS_PER_SM) = olds
+                olds = (dict(mod.BWD_VALUES_PER_THREAD), mod.BWD_PROGRAMS_PER_SM)
+                for vpt, ps in [(48 - olds[0][dt], olds[1]), (olds[0][dt], (2, 2)), (olds[0][dt], (1, 1))]:
+                    mod.BWD_VALUES_PER_THREAD[dt], mod.BWD_PROGRAMS_PER_SM = vpt, ps
+                    rec("ln_bwd", shape, dn, f"vpt{vpt} p{ps[N > 4096]} {mod._bwd_tile(N, dt)}",
+                        lambda: t(lambda: layer_norm_backward(dy, x, w, mean, rstd)), bb)
+                mod.BWD_VALUES_PER_THREAD.update(olds[0])
+                mod.BWD_PROGRAMS_PER_SM = olds[1]
             del x, w, b, dy, xs, ws, bs, mean, rstd
 
 
@@ -209,7 +236,7 @@ def sec_bias_gelu(rec, sweep, gpu, peer):
     from labkit import kernels
     mod = sys.modules["labkit.kernels.bias_gelu"]
     ref = mod.reference
-    comp = torch.compile(ref) if gpu else None
+    comp = torch.compile(ref) if gpu and MODE != "no" else None
     for M, N in dims(gpu, [(4096, 4096), (16384, 4096)], [(33, 129)]):
         for dn, dt in DT.items():
             shape = f"{M}x{N}"
@@ -223,27 +250,29 @@ def sec_bias_gelu(rec, sweep, gpu, peer):
             errs = [err(a, r) / max(1e-30, float(r.abs().max())) for a, r in zip((y, gx, gb), (y64, *g64))]
             assert max(errs) < (1e-5 if dt == torch.float32 else 2e-2), f"bias_gelu {shape} {dn}: {errs}"
             bb = mod.min_bytes((M, N), dt, backward=True)
-            rec("gelu_bwd", shape, dn, "labkit kernel", t(lambda: mod.bias_gelu_backward(dy, x, b)), bb,
+            rec("gelu_bwd", shape, dn, "labkit kernel", lambda: t(lambda: mod.bias_gelu_backward(dy, x, b)), bb,
                 err=f"{max(errs):.1e}")
             y = kernels.bias_gelu(xr, br)
             rec("gelu_bwd", shape, dn, "labkit autograd",
-                t(lambda: torch.autograd.grad(y, (xr, br), dy, retain_graph=True)), bb)
+                lambda: t(lambda: torch.autograd.grad(y, (xr, br), dy, retain_graph=True)), bb)
             ye = ref(xr, br)
-            rec("gelu_bwd", shape, dn, "eager", t(lambda: torch.autograd.grad(ye, (xr, br), dy, retain_graph=True)),
+            rec("gelu_bwd", shape, dn, "host labkit autograd",
+                lambda: host_ms(lambda: torch.autograd.grad(y, (xr, br), dy, retain_graph=True)))
+            rec("gelu_bwd", shape, dn, "host labkit kernel", lambda: host_ms(lambda: mod.bias_gelu_backward(dy, x, b)))
+            rec("gelu_bwd", shape, dn, "eager", lambda: t(lambda: torch.autograd.grad(ye, (xr, br), dy, retain_graph=True)),
                 bb, ref=True)
             if comp:
                 yc = comp(xr, br)
                 rec("gelu_bwd", shape, dn, "compile",
-                    t(lambda: torch.autograd.grad(yc, (xr, br), dy, retain_graph=True)), bb, ref=True)
+                    lambda: t(lambda: torch.autograd.grad(yc, (xr, br), dy, retain_graph=True)), bb, ref=True)
             fb_ = mod.min_bytes((M, N), dt)
-            rec("gelu_fwd", shape, dn, "labkit", t(lambda: mod.bias_gelu_forward(x, b)), fb_)
-            rec("gelu_fwd", shape, dn, "eager", t(lambda: ref(x, b)), fb_, ref=True)
+            rec("gelu_fwd", shape, dn, "labkit", lambda: t(lambda: mod.bias_gelu_forward(x, b)), fb_)
+            rec("gelu_fwd", shape, dn, "eager", lambda: t(lambda: ref(x, b)), fb_, ref=True)
             if sweep:
                 old = (mod.BWD_TILE, mod.BWD_PROGRAMS_PER_SM)
-                for tile, ps in [((4096, 1024, 4), 8), ((8192, 1024, 8), 4), ((8192, 1024, 8), 8),
-                                 ((4096, 512, 4), 8), ((16384, 2048, 16), 4), ((2048, 1024, 4), 16)]:
+                for tile, ps in [((8192, 1024, 8), 8), ((2048, 1024, 4), 16), ((4096, 1024, 4), 8)]:
                     mod.BWD_TILE, mod.BWD_PROGRAMS_PER_SM = tile, ps
-                    rec("gelu_bwd", shape, dn, f"tile{tile} p{ps}", t(lambda: mod.bias_gelu_backward(dy, x, b)), bb)
+                    rec("gelu_bwd", shape, dn, f"tile{tile} p{ps}", lambda: t(lambda: mod.bias_gelu_backward(dy, x, b)), bb)
                 mod.BWD_TILE, mod.BWD_PROGRAMS_PER_SM = old
             del x, b, dy, xr, br, y, gx, gb, x64, b64, y64, g64, ye
 
@@ -257,24 +286,33 @@ def sec_vector_add(rec, sweep, gpu, peer):
             e = err(kernels.vector_add(x, y), x.double() + y.double())
             assert e < (1e-6 if dt == torch.float32 else 2e-2) * 10, e
             nb = mod.min_bytes(n, dt)
-            rec("vector_add", str(n), dn, "labkit (cached launch)", t(lambda: kernels.vector_add(x, y)), nb,
+            rec("vector_add", str(n), dn, "labkit (cached launch)", lambda: t(lambda: kernels.vector_add(x, y)), nb,
                 err=f"{e:.1e}")
             z = torch.empty_like(x)
             grid = (triton_cdiv(n, mod.BLOCK),)
             rec("vector_add", str(n), dn, "triton kernel[grid] call",
-                t(lambda: mod.vector_add_kernel[grid](x, y, z, n, BLOCK=mod.BLOCK, num_warps=8)), nb)
-            rec("vector_add", str(n), dn, "eager", t(lambda: x + y), nb, ref=True)
+                lambda: t(lambda: mod.vector_add_kernel[grid](x, y, z, n, BLOCK=mod.BLOCK, num_warps=8)), nb)
+            rec("vector_add", str(n), dn, "eager", lambda: t(lambda: x + y), nb, ref=True)
             if gpu:
-                rec("vector_add", str(n), dn, "labkit cuda graph", t(lambda: kernels.vector_add(x, y), graph=True), nb)
-                rec("vector_add", str(n), dn, "eager cuda graph", t(lambda: x + y, graph=True), nb, ref=True)
+                rec("vector_add", str(n), dn, "labkit cuda graph", lambda: t(lambda: kernels.vector_add(x, y), graph=True), nb)
+                rec("vector_add", str(n), dn, "eager cuda graph", lambda: t(lambda: x + y, graph=True), nb, ref=True)
                 # host time per call, the GPU not waited for
-                for name, fn in (("host labkit", lambda: kernels.vector_add(x, y)), ("host eager", lambda: x + y)):
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    for _ in range(200):
-                        fn()
-                    rec("vector_add", str(n), dn, name, (time.perf_counter() - t0) / 200 * 1e3)
-                    torch.cuda.synchronize()
+                rec("vector_add", str(n), dn, "host labkit", lambda: host_ms(lambda: kernels.vector_add(x, y)))
+                rec("vector_add", str(n), dn, "host triton kernel[grid]",
+                    lambda: host_ms(lambda: mod.vector_add_kernel[grid](x, y, z, n, BLOCK=mod.BLOCK, num_warps=8)))
+                rec("vector_add", str(n), dn, "host eager", lambda: host_ms(lambda: x + y))
+
+
+def host_ms(fn, n=100) -> float:
+    """Host milliseconds per call (the GPU not waited for), after a warm-up call."""
+    fn()
+    torch.cuda.synchronize() if labkit.current().is_gpu else None
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    ms = (time.perf_counter() - t0) / n * 1e3
+    torch.cuda.synchronize() if labkit.current().is_gpu else None
+    return ms
 
 
 def triton_cdiv(a, b):
@@ -334,26 +372,28 @@ def sec_adam(rec, sweep, gpu, peer):
             opt.step()
             fused.step()
         e = max(err(p, q) for p, q in zip(ours, theirs))
-        rec("adam", f"{T}x{n}", dn, "labkit (state in param dtype)", t(opt.step), nb, err=f"{e:.1e}")
-        rec("adam", f"{T}x{n}", dn, "torch fused", t(fused.step), nb, ref=True)
+        rec("adam", f"{T}x{n}", dn, "labkit (state in param dtype)", lambda: t(opt.step), nb, err=f"{e:.1e}")
+        rec("adam", f"{T}x{n}", dn, "torch fused", lambda: t(fused.step), nb, ref=True)
         if dt != torch.float32:
             m = TritonAdamW(params(), master_weights=True)
-            rec("adam", f"{T}x{n}", dn, "labkit fp32 master+state", t(m.step), min_bytes(T * n, dt))
+            rec("adam", f"{T}x{n}", dn, "labkit fp32 master+state", lambda: t(m.step), min_bytes(T * n, dt))
         del ours, theirs, opt, fused
 
 
-def summary(copy) -> None:
+def summary() -> None:
     print("\n# summary: fraction of copy bandwidth (or TFLOP/s and vs cuBLAS); labkit vs each reference (ratio >1: "
           "labkit faster)")
     keyed: dict = {}
     for r in ROWS:
         keyed.setdefault((r["case"], r["shape"], r["dtype"]), []).append(r)
     for (case, shape, dtype), rs in keyed.items():
-        mine = [r for r in rs if not r.get("ref")]
+        mine = [r for r in rs if not r.get("ref") and not r["variant"].startswith("host")]
         if not mine:
             continue
         lab = mine[0]
         refs = " ".join(f"{r['variant']} {r['ms'] / lab['ms']:.2f}x" for r in rs if r.get("ref"))
+        host = " ".join(f"{r['variant']} {r['ms'] * 1e3:.0f}us" for r in rs if r["variant"].startswith("host"))
+        refs = f"{refs}  {host}" if host else refs
         best = min(mine, key=lambda r: r["ms"])
         fr = f"{lab['frac']:.0%}" if lab.get("frac") else (f"{lab.get('tflops')} TF/s" if lab.get("tflops") else "")
         bfr = f" best {best['variant']} {best['frac']:.0%}" if best is not lab and best.get("frac") else ""

@@ -198,10 +198,12 @@ class TritonAdamW(torch.optim.Optimizer):
             return
         bc1 = 1.0 - beta1 ** step
         bc2 = 1.0 - beta2 ** step
+        # 16-bit moments move half the bytes per element: twice the block (and warps) keeps as many in flight.
+        state16 = not self.master_weights and dtype != torch.float32
         adamw_kernel[(n_chunks,)](table, chunks, beta1, beta2, group["eps"], 1.0 - lr * wd, lr / bc1,
                                   math.sqrt(bc2), CODE=_DTYPE_CODE[dtype],
-                                  STATE=0 if self.master_weights else _DTYPE_CODE[dtype], BLOCK=BLOCK, CHUNK=CHUNK,
-                                  num_warps=1 if INTERPRETED else 4)
+                                  STATE=_DTYPE_CODE[dtype] if state16 else 0, BLOCK=BLOCK * (1 + state16),
+                                  CHUNK=CHUNK, num_warps=1 if INTERPRETED else 4 * (1 + state16))
         del keep  # freed memory is reused only by work queued after this kernel on the stream
 
 

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import INTERPRETED, check_tensor, next_pow2, num_sms, row_tile, rows_2d
+from labkit.kernels._common import INTERPRETED, Launcher, check_tensor, next_pow2, num_sms, row_tile, rows_2d
 
 # Longest row kept whole in registers (one read, one write); longer rows stream through in chunks.
 MAX_FUSED_COLS = {torch.float32: 16384, torch.float16: 32768, torch.bfloat16: 32768}
@@ -108,8 +108,10 @@ def softmax_split_kernel(x_ptr, y_ptr, part_ptr, count_ptr, M, N, stride_x, stri
         tl.store(part + 2 * s + 1, tl.sum(tl.exp(x - m_safe), axis=0))
         if STAGE == 0:
             tl.atomic_add(count_ptr + row, 1, sem="release")  # after the partial's stores
-            while tl.atomic_add(count_ptr + row, 0, sem="acquire") < SPLITS:
+            # Wait with plain (volatile) loads: spinning on atomics would queue at the L2 with the data.
+            while tl.load(count_ptr + row, volatile=True) < SPLITS:
                 pass
+            tl.atomic_add(count_ptr + row, 0, sem="acquire")  # the other chunks' partials are visible
     if STAGE != 1:
         j = tl.arange(0, SPLITS_P2)
         pm = tl.load(part + 2 * j, mask=j < SPLITS, other=float("-inf"), volatile=True)
@@ -150,6 +152,9 @@ class _Softmax(torch.autograd.Function):
         return dx.to(y.dtype), None, None
 
 
+_launch_rows, _launch_split = Launcher(softmax_kernel), Launcher(softmax_split_kernel)  # cached launches
+
+
 def use_split(M: int, N: int, dtype: torch.dtype, device: torch.device) -> bool:
     """Split rows across programs when a row is too long for one program, or when there are too few
     rows to fill every SM twice and each row still gives several chunks."""
@@ -170,7 +175,8 @@ def _softmax_split(x2: torch.Tensor, y: torch.Tensor) -> None:
         softmax_split_kernel[(M * splits,)](*args, STAGE=1, **meta)
         softmax_split_kernel[(M * splits,)](*args, STAGE=2, **meta)
     else:
-        softmax_split_kernel[(M * splits,)](*args, STAGE=0, **meta)
+        warps = meta.pop("num_warps")
+        _launch_split((M * splits,), args, {**meta, "STAGE": 0}, num_warps=warps)
 
 
 def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = None) -> torch.Tensor:
@@ -192,8 +198,8 @@ def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = N
     if not online:
         # Tiles of at least 1024 (fp32) / 2048 (16-bit) elements, 16 values per thread.
         bm, bn, warps = row_tile(N, 1024 if x.dtype == torch.float32 else 2048, 16)
-        softmax_kernel[(triton.cdiv(M, bm),)](x2, y, M, N, x2.stride(0), y.stride(0),
-                                              BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+        _launch_rows((triton.cdiv(M, bm),), (x2, y, M, N, x2.stride(0), y.stride(0)),
+                     {"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps)
     else:
         block = min(ONLINE_BLOCK, next_pow2(N))
         programs = min(M, 16 * num_sms(x.device))
