@@ -102,19 +102,24 @@ class Launcher:
     def __init__(self, kernel):
         self.kernel = kernel
         self.compiled: dict = {}
+        self.disabled = False
 
     def __call__(self, grid: tuple, args: tuple, constexprs: dict, **options) -> None:
-        if INTERPRETED:
+        if INTERPRETED or self.disabled:
             self.kernel[grid](*args, **constexprs, **options)
             return
         key = (tuple(map(_spec, args)), *constexprs.values(), *options.values())
         compiled = self.compiled.get(key)
         grid3 = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
         if compiled is not None:  # constexprs go last, in the kernel's order, as Triton's own launch passes them
-            compiled[grid3](*args, *constexprs.values())
-            return
+            try:
+                compiled[grid3](*args, *constexprs.values())
+                return
+            except TypeError:  # a Triton whose compiled launcher takes other arguments: use its own path
+                self.compiled.clear()
+                self.disabled = True
         compiled = self.kernel[grid3](*args, **constexprs, **options)
-        if compiled is not None:
+        if compiled is not None and not self.disabled:
             self.compiled[key] = compiled
 
 

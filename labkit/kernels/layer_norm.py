@@ -145,11 +145,11 @@ def _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, tile, M, cols, col_mask, str
 
 
 # Tile choices (swept on an H200): (min elements per tile, values per thread) of the forward by
-# dtype; the backward's values per thread by dtype, its programs per SM (narrow, wide rows), the
-# widest row it prefetches.
+# dtype; the backward's values per thread by dtype and its programs per SM, each for (rows of up
+# to 4096, wider rows), and the widest row it prefetches.
 FWD_TILE = {torch.float32: (1024, 16), torch.float16: (4096, 32), torch.bfloat16: (4096, 32)}
-BWD_VALUES_PER_THREAD = {torch.float32: 16, torch.float16: 32, torch.bfloat16: 32}
-BWD_PROGRAMS_PER_SM = (2, 1)  # rows of up to 4096, and wider
+BWD_VALUES_PER_THREAD = {torch.float32: (32, 16), torch.float16: (32, 32), torch.bfloat16: (32, 32)}
+BWD_PROGRAMS_PER_SM = (2, 1)
 BWD_PREFETCH_MAX_COLS = 4096
 _launch_fwd, _launch_bwd, _launch_sum = (Launcher(k) for k in (layer_norm_fwd_kernel, layer_norm_bwd_kernel,
                                                                 sum_partials_kernel))
@@ -161,7 +161,7 @@ def _fwd_tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
 
 def _bwd_tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
     # Tiles of >= 4096 elements; single rows get 4 warps up to 4096 columns, packed rows 8 warps.
-    bm, bn, warps = row_tile(N, 4096, BWD_VALUES_PER_THREAD[dtype], max_warps=32)
+    bm, bn, warps = row_tile(N, 4096, BWD_VALUES_PER_THREAD[dtype][N > 4096], max_warps=32)
     return bm, bn, (warps if bm == 1 else max(warps, 8)) if not INTERPRETED else 1
 
 

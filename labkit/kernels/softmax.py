@@ -107,11 +107,13 @@ def softmax_split_kernel(x_ptr, y_ptr, part_ptr, count_ptr, M, N, stride_x, stri
         tl.store(part + 2 * s, m)
         tl.store(part + 2 * s + 1, tl.sum(tl.exp(x - m_safe), axis=0))
         if STAGE == 0:
-            tl.atomic_add(count_ptr + row, 1, sem="release")  # after the partial's stores
+            tl.debug_barrier()  # every thread's stores of the partial come before the release below
+            tl.atomic_add(count_ptr + row, 1, sem="release")
             # Wait with plain (volatile) loads: spinning on atomics would queue at the L2 with the data.
             while tl.load(count_ptr + row, volatile=True) < SPLITS:
                 pass
             tl.atomic_add(count_ptr + row, 0, sem="acquire")  # the other chunks' partials are visible
+            tl.debug_barrier()  # ... to every thread of this program
     if STAGE != 1:
         j = tl.arange(0, SPLITS_P2)
         pm = tl.load(part + 2 * j, mask=j < SPLITS, other=float("-inf"), volatile=True)
