@@ -71,7 +71,7 @@ def test_layer_norm_backward_many_rows_per_program(prefetch, poison_outputs, clo
 def test_layer_norm_backward_sums_many_partial_rows(dtype, poison_outputs, close64, monkeypatch):
     # 100 row tiles over 80 programs: 80 partial rows, more than one BLOCK_P of the final sum.
     import sys
-    monkeypatch.setattr(sys.modules["labkit.kernels.layer_norm"], "BWD_PROGRAMS_PER_SM", (20, 20))
+    monkeypatch.setitem(sys.modules["labkit.kernels.layer_norm"].BWD_PROGRAMS_PER_SM, dtype, (20, 20))
     x, w, b, dy = (randn(400, 700, dtype=dtype) * 2 - 1), randn(700, dtype=dtype), randn(700, dtype=dtype), \
         randn(400, 700, dtype=dtype)
     _, mean, rstd = layer_norm_forward(x, w, b)

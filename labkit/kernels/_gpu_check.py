@@ -222,14 +222,14 @@ def sec_layer_norm(rec, sweep, gpu, peer):
             rec("ln_fb", shape, dn, "host labkit", lambda: host_ms(fb(kernels.layer_norm)))
             rec("ln_fb", shape, dn, "host eager", lambda: host_ms(fb(ref)))
             if sweep:
-                olds = (dict(mod.BWD_VALUES_PER_THREAD), mod.BWD_PROGRAMS_PER_SM)
+                olds = (dict(mod.BWD_VALUES_PER_THREAD), dict(mod.BWD_PROGRAMS_PER_SM))
                 v0 = olds[0][dt]
-                for vpt, ps in [((48 - v0[0], 48 - v0[1]), olds[1]), (v0, (2, 2)), (v0, (1, 1))]:
-                    mod.BWD_VALUES_PER_THREAD[dt], mod.BWD_PROGRAMS_PER_SM = vpt, ps
+                for vpt, ps in [((48 - v0[0], 48 - v0[1]), olds[1][dt]), (v0, (2, 2)), (v0, (1, 1))]:
+                    mod.BWD_VALUES_PER_THREAD[dt], mod.BWD_PROGRAMS_PER_SM[dt] = vpt, ps
                     rec("ln_bwd", shape, dn, f"vpt{vpt[N > 4096]} p{ps[N > 4096]} {mod._bwd_tile(N, dt)}",
                         lambda: t(lambda: layer_norm_backward(dy, x, w, mean, rstd)), bb)
                 mod.BWD_VALUES_PER_THREAD.update(olds[0])
-                mod.BWD_PROGRAMS_PER_SM = olds[1]
+                mod.BWD_PROGRAMS_PER_SM.update(olds[1])
             del x, w, b, dy, xs, ws, bs, mean, rstd
 
 

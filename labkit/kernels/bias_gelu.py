@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (INTERPRETED, Launcher, check_same_device, check_same_dtype, check_tensor,
+from labkit.kernels._common import (INTERPRETED, check_same_device, check_same_dtype, check_tensor,
                                     next_pow2, num_sms, rows_2d)
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -94,7 +94,6 @@ def bias_gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, dbias_partial_ptr, M, N,
 FWD_TILE = (4096, 1024, 4)
 BWD_TILE = (4096, 1024, 4)
 BWD_PROGRAMS_PER_SM = 4
-_launch_fwd, _launch_bwd = Launcher(bias_gelu_fwd_kernel), Launcher(bias_gelu_bwd_kernel)
 
 
 def _tiles(n_cols: int, tile: tuple[int, int, int] = FWD_TILE) -> tuple[int, int, int]:
@@ -113,8 +112,8 @@ def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     if x2.numel():
         bm, bn, warps = _tiles(N, FWD_TILE)
         grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
-        _launch_fwd(grid, (x2, bias, y, M, N, x2.stride(0), y.stride(0)), {"BLOCK_M": bm, "BLOCK_N": bn},
-                    num_warps=warps)
+        bias_gelu_fwd_kernel[grid](x2, bias, y, M, N, x2.stride(0), y.stride(0),
+                                   BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
     return y.view(x.shape)
 
 
@@ -129,9 +128,9 @@ def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) ->
     programs = max(1, min(row_tiles, BWD_PROGRAMS_PER_SM * num_sms(x.device) // col_tiles))
     partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
     if x2.numel():
-        _launch_bwd((programs, col_tiles), (dy2, x2, bias, dx, partial, M, N, dy2.stride(0), x2.stride(0),
-                                            dx.stride(0), row_tiles, programs),
-                    {"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps)
+        bias_gelu_bwd_kernel[(programs, col_tiles)](dy2, x2, bias, dx, partial, M, N,
+                                                    dy2.stride(0), x2.stride(0), dx.stride(0), row_tiles, programs,
+                                                    BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
     else:
         partial.zero_()
     return dx.view(x.shape), partial.sum(0).to(bias.dtype)

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (INTERPRETED, Launcher, check_same_device, check_same_dtype, check_tensor, num_sms,
-                                    row_tile, rows_2d)
+from labkit.kernels._common import (INTERPRETED, check_same_device, check_same_dtype, check_tensor, num_sms, row_tile,
+                                    rows_2d)
 
 MAX_COLS = 16384  # a whole row is held in registers
 
@@ -149,10 +149,8 @@ def _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, tile, M, cols, col_mask, str
 # to 4096, wider rows), and the widest row it prefetches.
 FWD_TILE = {torch.float32: (1024, 16), torch.float16: (4096, 32), torch.bfloat16: (4096, 32)}
 BWD_VALUES_PER_THREAD = {torch.float32: (32, 16), torch.float16: (32, 32), torch.bfloat16: (32, 32)}
-BWD_PROGRAMS_PER_SM = (2, 1)
+BWD_PROGRAMS_PER_SM = {torch.float32: (1, 1), torch.float16: (2, 1), torch.bfloat16: (2, 1)}
 BWD_PREFETCH_MAX_COLS = 4096
-_launch_fwd, _launch_bwd, _launch_sum = (Launcher(k) for k in (layer_norm_fwd_kernel, layer_norm_bwd_kernel,
-                                                                sum_partials_kernel))
 
 
 def _fwd_tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -174,8 +172,8 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     if x2.numel():
         bm, bn, warps = _fwd_tile(N, x.dtype)
-        _launch_fwd((triton.cdiv(M, bm),), (x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), y.stride(0), eps),
-                    {"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps)
+        layer_norm_fwd_kernel[(triton.cdiv(M, bm),)](x2, weight, bias, y, mean, rstd, M, N, x2.stride(0),
+                                                      y.stride(0), eps, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
     return y.view(x.shape), mean, rstd
 
 
@@ -187,18 +185,18 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     bm, bn, warps = _bwd_tile(N, x.dtype)
     row_tiles = triton.cdiv(M, bm)
-    programs = max(1, min(row_tiles, BWD_PROGRAMS_PER_SM[N > 4096] * num_sms(x.device)))
+    programs = max(1, min(row_tiles, BWD_PROGRAMS_PER_SM[x.dtype][N > 4096] * num_sms(x.device)))
     partial = torch.empty((2, programs, N), dtype=torch.float32, device=x.device)
     dw, db = torch.empty_like(weight), torch.empty_like(weight)
     if x2.numel():
-        _launch_bwd((programs,), (dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N, dy2.stride(0),
-                                  x2.stride(0), dx.stride(0), row_tiles),
-                    {"BLOCK_M": bm, "BLOCK_N": bn, "PREFETCH": N <= BWD_PREFETCH_MAX_COLS}, num_warps=warps)
+        layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
+                                           dy2.stride(0), x2.stride(0), dx.stride(0), row_tiles, BLOCK_M=bm,
+                                           BLOCK_N=bn, PREFETCH=N <= BWD_PREFETCH_MAX_COLS, num_warps=warps)
     else:
         partial.zero_()
     block_n = 32 if INTERPRETED else 256
-    _launch_sum((triton.cdiv(N, block_n),), (partial, dw, db, programs, N), {"BLOCK_P": 32, "BLOCK_N": block_n},
-                num_warps=1 if INTERPRETED else 4)
+    sum_partials_kernel[(triton.cdiv(N, block_n),)](partial, dw, db, programs, N, BLOCK_P=32, BLOCK_N=block_n,
+                                                    num_warps=1 if INTERPRETED else 4)
     return dx.view(x.shape), dw, db
 
 

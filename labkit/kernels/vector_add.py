@@ -9,8 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, Launcher, check_same_device, check_same_dtype,
-                                    check_tensor)
+from labkit.kernels._common import FLOAT_DTYPES, INTERPRETED, check_same_device, check_same_dtype, check_tensor
 
 
 def min_bytes(n: int, dtype: torch.dtype = torch.float32) -> int:
@@ -43,7 +42,6 @@ def vector_add_kernel(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
 
 
 BLOCK = 4096
-_launch = Launcher(vector_add_kernel)
 # (dtype, device) pairs that passed the checks once: later calls with them skip the checks.
 _checked: set = set()
 
@@ -70,13 +68,15 @@ class _VectorAdd(torch.autograd.Function):
 
 
 def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    # The hot path: at 1M elements the kernel runs for microseconds, so the Python around it must
-    # cost less than that: inputs of a kind seen before go straight to the cached launch.
+    # The hot path: at 1M elements the kernel runs for microseconds, so the Python around it must be
+    # short: inputs of a kind that passed the checks before go straight to the launch. (On an H200
+    # host, Triton 3.6's own launch took 14-20 us of CPU; a launcher of our own that cached the
+    # compiled kernel measured 3 us slower, so this is Triton's.)
     if (x.dtype, y.dtype, x.device, y.device) in _checked and x.shape == y.shape and x.is_contiguous() \
             and y.is_contiguous() and 0 < x.numel() < 2**31:
         n = x.numel()
         z = torch.empty_like(x)
-        _launch(((n + BLOCK - 1) // BLOCK,), (x, y, z, n), {"BLOCK": BLOCK}, num_warps=8)
+        vector_add_kernel[((n + BLOCK - 1) // BLOCK,)](x, y, z, n, BLOCK=BLOCK, num_warps=8)
         return z
     check_tensor("vector_add", "x", x, FLOAT_DTYPES)
     check_tensor("vector_add", "y", y, FLOAT_DTYPES)
@@ -94,10 +94,9 @@ def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return z
     # 4096 elements per program and 8 warps (256 threads): each thread adds 16 pairs,
     # loading them in 16-byte pieces; cdiv(n, 4096) programs cover the whole array.
-    # (_launch is kernel[grid](...) with the compiled kernel cached: see _common.Launcher.)
     grid = (triton.cdiv(n, BLOCK),)
+    vector_add_kernel[grid](x, y, z, n, BLOCK=BLOCK, num_warps=1 if INTERPRETED else 8)
     _checked.add((x.dtype, y.dtype, x.device, y.device))
-    _launch(grid, (x, y, z, n), {"BLOCK": BLOCK}, num_warps=8)
     return z
 
 
