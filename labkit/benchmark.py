@@ -1,4 +1,5 @@
-"""`labkit bench`: time labkit's Triton kernels against PyTorch eager and torch.compile.
+"""`labkit bench`: time labkit's Triton kernels against PyTorch eager, torch.compile and, where
+Liger-Kernel is installed (`pip install labkit[peers]`), its production Triton kernels.
 
 (This module is labkit.benchmark, not labkit.bench: a submodule of that name would replace the
 labkit.bench() timing function on the package as soon as it was imported.)
@@ -108,7 +109,9 @@ def run_kernel(case: BenchCase, sizes: list[str], dtypes: list[str], use_compile
 
 
 def table(case: BenchCase, rows: list[Row]) -> str:
-    kernel, names, unit = case.name, case.baselines, case.unit
+    kernel, unit = case.name, case.unit
+    # A peer that is not installed here (every row None) gets no column.
+    names = [n for n in case.baselines if n in ("eager", "torch") or any(r.baseline_ms.get(n) for r in rows)]
     head = ["shape", "dtype", "time", unit, "of ceiling", "spread"] + [f"vs {n}" for n in names]
     body = []
     for r in rows:
@@ -141,7 +144,10 @@ def save(rows: list[Row], path: Path) -> list[Path]:
             w.writerow([r.kernel, r.shape, r.dtype, r.ms, r.spread, r.rate, r.unit, r.ceiling, r.fraction]
                        + [r.baseline_ms.get(n) for n in names] + [r.speedup.get(n) for n in names])
     info = labkit.machine_info()
-    base.with_suffix(".json").write_text(json.dumps({"machine": info, "rows": [asdict(r) for r in rows]}, indent=1))
+    from labkit.kernels._bench import peer_versions
+    ceilings = asdict(labkit.ceilings.get())  # measured once per machine, then cached
+    base.with_suffix(".json").write_text(json.dumps({"machine": info, "peers": peer_versions(), "ceilings": ceilings,
+                                                     "rows": [asdict(r) for r in rows]}, indent=1))
     _plot(rows, base.with_suffix(".png"), info)
     return [base.with_suffix(s) for s in (".csv", ".json", ".png")]
 

@@ -43,7 +43,17 @@ def test_bench_runs_two_kernels_and_saves_the_same_columns(tmp_path, capsys):
     matmul_rows = [r for r in rows[1:] if r[0] == "matmul"]
     assert all(r[1] == "33x33x33" and r[6] == "TFLOP/s" for r in matmul_rows)
     saved = json.loads((tmp_path / "b.json").read_text())
-    assert set(saved) == {"machine", "rows"} and list(saved["rows"][0]["baseline_ms"]) == ["eager", "compile"]
+    assert set(saved) == {"machine", "peers", "ceilings", "rows"}
+    assert list(saved["rows"][0]["baseline_ms"]) == ["eager", "compile"]
+    assert saved["ceilings"]["copy_gbps"] > 0 and saved["machine"]["torch"] == torch.__version__
+
+
+def test_peers_are_absent_without_a_gpu_and_their_column_is_dropped(capsys):
+    from labkit.kernels._bench import peer
+    assert peer("softmax") is None  # no GPU here (and Liger-Kernel is optional)
+    assert benchmark.main(["softmax", "--sizes", "5x33"]) == 0
+    out = capsys.readouterr().out
+    assert "vs eager" in out and "vs liger" not in out
 
 
 def test_a_new_kernel_module_is_one_entry_in_the_list(monkeypatch, capsys):

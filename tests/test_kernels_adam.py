@@ -1,4 +1,6 @@
 """labkit.kernels.TritonAdamW against torch.optim.AdamW(foreach=False), step for step."""
+import math
+
 import pytest
 import torch
 
@@ -58,6 +60,38 @@ def test_adamw_16bit_params_keep_fp32_masters(dtype):
         # The parameter is its master rounded to 16 bits (within one unit in the last place).
         torch.testing.assert_close(p.detach().float(), master, rtol=2 ** -7 if dtype == torch.bfloat16 else 2 ** -10,
                                    atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+def test_adamw_16bit_without_master_weights_follows_torch_fused_layout(dtype):
+    # Moments kept in the parameter's dtype (like torch.optim.AdamW(fused=True)); the update is fp32
+    # math on the rounded values, so the reference applies the same roundings step by step.
+    # (Not fp16: its exp_avg_sq underflows to 0 for small gradients, and then the step is lr / eps-sized
+    # whichever way the rounding went; that is why fp16 training keeps fp32 moments.)
+    ours = make_params(dtype)
+    p64 = [p.detach().double() for p in ours]
+    m64 = [torch.zeros_like(p) for p in p64]
+    v64 = [torch.zeros_like(p) for p in p64]
+    lr, wd, (b1, b2), eps = 1e-2, 0.05, (0.9, 0.999), 1e-8
+    opt = kernels.TritonAdamW(ours, lr=lr, weight_decay=wd, master_weights=False)
+    r = lambda t: t.to(dtype).double()  # noqa: E731  (rounding to the stored dtype)
+    for step in range(1, 6):
+        for i, p in enumerate(ours):
+            p.grad = torch.randn_like(p)
+            g = p.grad.double()
+            m64[i] = r(m64[i] + (1 - b1) * (g - m64[i]))
+            v64[i] = r(v64[i] * b2 + (1 - b2) * g * g)
+            denom = (v64[i].sqrt() / math.sqrt(1 - b2 ** step)) + eps
+            p64[i] = r(p64[i] * (1 - lr * wd) - lr / (1 - b1 ** step) * m64[i] / denom)
+        opt.step()
+        for i, p in enumerate(ours):
+            assert "master" not in opt.state[p] and opt.state[p]["exp_avg"].dtype == dtype
+            ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+            torch.testing.assert_close(opt.state[p]["exp_avg"].double(), m64[i], rtol=ulp, atol=1e-3)
+            torch.testing.assert_close(p.detach().double(), p64[i], rtol=ulp, atol=1e-3)
+            p64[i] = p.detach().double()  # follow our rounding, so errors do not add up over steps
+            m64[i] = opt.state[p]["exp_avg"].double()
+            v64[i] = opt.state[p]["exp_avg_sq"].double()
 
 
 def test_adamw_rejects_what_it_does_not_support():

@@ -144,3 +144,13 @@ def test_bf16_results_round_to_nearest_like_the_gpu(op):
         assert torch.equal(got, rounded), f"{(got != rounded).float().mean():.0%} of elements differ"
     else:  # fp32 paths may differ in their last fp32 bits; never by a whole bf16 ulp in a quarter of places
         assert (got != rounded).float().mean() < 0.02
+
+
+def test_launcher_keys_on_what_triton_specialises():
+    # The cached launch may reuse a binary only for arguments Triton would have compiled it for.
+    from labkit.kernels._common import _spec
+    assert _spec(32) == (True, False, True) and _spec(1) == (False, True, True) and _spec(33) == (False, False, True)
+    assert _spec(2**31) == (True, False, False)  # needs 64 bits: another binary
+    assert _spec(1.5) is float and _spec(True) is bool
+    t = torch.zeros(8)
+    assert _spec(t) == (torch.float32, True) and _spec(t[1:]) == (torch.float32, False)

@@ -72,3 +72,32 @@ def randn(*shape: int, dtype: torch.dtype) -> torch.Tensor:
     """Random inputs on labkit's device."""
     from labkit.device import current
     return torch.randn(*shape, device=current().device, dtype=dtype)
+
+
+def peer(name: str):
+    """A production kernel to compare with, from Liger-Kernel (`pip install labkit[peers]`), or None.
+
+    name: "softmax" (x) or "layer_norm" (x, weight, bias); None without Liger-Kernel or a GPU.
+    """
+    from labkit.device import current
+    if not current().is_gpu:
+        return None
+    try:
+        if name == "softmax":
+            from liger_kernel.ops.softmax import LigerSoftmaxFunction
+            return LigerSoftmaxFunction.apply
+        if name == "layer_norm":
+            from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+            return lambda x, w, b, eps=1e-5: LigerLayerNormFunction.apply(x, w, b, eps)
+    except ImportError:
+        return None
+    raise ValueError(f"peer: no production kernel named {name!r}")
+
+
+def peer_versions() -> dict[str, str]:
+    """Versions of the installed peers (for saved results)."""
+    from importlib import metadata
+    try:
+        return {"liger-kernel": metadata.version("liger-kernel")}
+    except metadata.PackageNotFoundError:
+        return {}

@@ -1,5 +1,9 @@
 """AdamW, one fused multi-tensor Triton kernel per step (per parameter group and dtype).
 
+Two variants for fp16/bf16 parameters: master_weights=True (the default, mixed-precision training
+as in Apex/DeepSpeed: fp32 master copy and fp32 moments) or master_weights=False (moments in the
+parameter's dtype, no master: what torch.optim.AdamW(fused=True) does, 14 bytes per element).
+
 Per parameter element, an AdamW step must read the gradient, the parameter (its fp32 master
 copy for fp16/bf16 parameters) and the two moments, and write back the parameter and the moments:
 fp32 params: read p, g, m, v + write p, m, v = 7 * 4 = 28 bytes per element.
@@ -29,9 +33,10 @@ _DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _TABLE_COLS = 6  # master-or-param, grad, exp_avg, exp_avg_sq, 16-bit param (or 0), numel
 
 
-def min_bytes(numel: int, dtype: torch.dtype = torch.float32) -> int:
-    """Bytes one AdamW step must move for `numel` parameters of `dtype` (28 per element, see above)."""
-    return 28 * numel
+def min_bytes(numel: int, dtype: torch.dtype = torch.float32, master_weights: bool = True) -> int:
+    """Bytes one AdamW step must move for `numel` parameters of `dtype` (28 per element, see above;
+    7 * element_size for 16-bit parameters without master weights)."""
+    return (28 if master_weights or dtype == torch.float32 else 7 * dtype.itemsize) * numel
 
 
 def flops(numel: int) -> int:
@@ -55,33 +60,34 @@ def _typed(addr, CODE: tl.constexpr):
 
 @triton.jit
 def adamw_kernel(table_ptr, chunks_ptr, beta1, beta2, eps, decay, step_size, bc2_sqrt,
-                 CODE: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+                 CODE: tl.constexpr, STATE: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    # CODE: the gradient's dtype; STATE: the dtype of the updated parameter (or master) and moments.
     # Which tensor and which CHUNK of it this program updates.
     pid = tl.program_id(0)
     t = tl.load(chunks_ptr + 2 * pid)
     start = tl.load(chunks_ptr + 2 * pid + 1)
     row = table_ptr + t * 6
-    p_ptr = _typed(tl.load(row + 0), 0)  # fp32: the parameter itself, or its master copy
+    p_ptr = _typed(tl.load(row + 0), STATE)  # the parameter itself, or its fp32 master copy
     g_ptr = _typed(tl.load(row + 1), CODE)
-    m_ptr = _typed(tl.load(row + 2), 0)
-    v_ptr = _typed(tl.load(row + 3), 0)
+    m_ptr = _typed(tl.load(row + 2), STATE)
+    v_ptr = _typed(tl.load(row + 3), STATE)
     n = tl.load(row + 5)
     for i in range(0, CHUNK, BLOCK):
         offs = start + i + tl.arange(0, BLOCK)
         mask = offs < n
         g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        p = tl.load(p_ptr + offs, mask=mask, other=0.0)
-        m = tl.load(m_ptr + offs, mask=mask, other=0.0)
-        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         p = p * decay  # decoupled weight decay: p *= 1 - lr * weight_decay
         m = m + (1.0 - beta1) * (g - m)  # exp_avg.lerp_(grad, 1 - beta1)
         v = v * beta2 + (1.0 - beta2) * g * g
         denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
         p = p - tl.div_rn(step_size * m, denom)
-        tl.store(p_ptr + offs, p, mask=mask)
-        tl.store(m_ptr + offs, m, mask=mask)
-        tl.store(v_ptr + offs, v, mask=mask)
-        if CODE != 0:  # 16-bit parameters: write the rounded master copy back
+        tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
+        tl.store(m_ptr + offs, m.to(m_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_ptr + offs, v.to(v_ptr.dtype.element_ty), mask=mask)
+        if CODE != STATE:  # 16-bit parameters with a master: write the rounded master copy back
             out_ptr = _typed(tl.load(row + 4), CODE)
             tl.store(out_ptr + offs, p.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -89,14 +95,17 @@ def adamw_kernel(table_ptr, chunks_ptr, beta1, beta2, eps, decay, step_size, bc2
 class TritonAdamW(torch.optim.Optimizer):
     """AdamW (decoupled weight decay, bias correction) with a fused multi-tensor Triton kernel.
 
-    Matches torch.optim.AdamW(foreach=False) step for step on fp32 parameters. All math and
-    state are fp32: fp16/bf16 parameters get an fp32 master copy in state["master"], updated
-    and rounded back into the parameter each step (so change such a parameter only through
-    the optimizer, or reload its state). maximize and amsgrad are not supported.
+    Matches torch.optim.AdamW(foreach=False) step for step on fp32 parameters. Math is fp32.
+    master_weights=True: fp16/bf16 parameters get fp32 moments and an fp32 master copy in
+    state["master"], updated and rounded back into the parameter each step (so change such a
+    parameter only through the optimizer, or reload its state). master_weights=False: moments in
+    the parameter's dtype and no master, as torch.optim.AdamW(fused=True) keeps them.
+    maximize and amsgrad are not supported.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, *, maximize: bool = False, amsgrad: bool = False):
+                 weight_decay: float = 1e-2, *, master_weights: bool = True, maximize: bool = False,
+                 amsgrad: bool = False):
         if maximize or amsgrad:
             raise NotImplementedError("TritonAdamW supports neither maximize nor amsgrad: use torch.optim.AdamW "
                                       "for those.")
@@ -109,20 +118,22 @@ class TritonAdamW(torch.optim.Optimizer):
         if not 0.0 <= weight_decay:
             raise ValueError(f"TritonAdamW: weight_decay must be >= 0, got {weight_decay!r}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        self.master_weights = bool(master_weights)
         self._chunk_tables: dict[tuple, torch.Tensor] = {}
         self._ptr_tables: dict[tuple, tuple[list[int], torch.Tensor]] = {}
 
     def _init_state(self, p: torch.Tensor) -> dict:
-        """Check a parameter the first time it has a gradient and create its fp32 state."""
+        """Check a parameter the first time it has a gradient and create its state."""
         check_tensor("TritonAdamW", "a parameter", p, FLOAT_DTYPES)
         if not p.is_contiguous():
             raise ValueError("TritonAdamW: parameters must be contiguous (make them so before creating "
                              "the optimizer, e.g. torch.nn.Parameter(t.contiguous())).")
         state = self.state[p]
         state["step"] = 0.0  # a Python number: a CPU tensor per parameter would cost microseconds per step
-        state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
-        state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
-        if p.dtype != torch.float32:
+        dtype = torch.float32 if self.master_weights else p.dtype
+        state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
+        if p.dtype != torch.float32 and self.master_weights:
             state["master"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format, copy=True)
         return state
 
@@ -166,7 +177,7 @@ class TritonAdamW(torch.optim.Optimizer):
             keep.append(grad)
             main = st.get("master", p)
             ptrs += [main.data_ptr(), grad.data_ptr(), st["exp_avg"].data_ptr(), st["exp_avg_sq"].data_ptr(),
-                     p.data_ptr() if dtype != torch.float32 else 0, p.numel()]
+                     p.data_ptr() if "master" in st else 0, p.numel()]
         key = (gi, device, dtype, step)
         cached = self._ptr_tables.get(key[:3])
         if cached is not None and cached[0] == ptrs:
@@ -187,9 +198,12 @@ class TritonAdamW(torch.optim.Optimizer):
             return
         bc1 = 1.0 - beta1 ** step
         bc2 = 1.0 - beta2 ** step
+        # 16-bit moments move half the bytes per element: twice the block (and warps) keeps as many in flight.
+        state16 = not self.master_weights and dtype != torch.float32
         adamw_kernel[(n_chunks,)](table, chunks, beta1, beta2, group["eps"], 1.0 - lr * wd, lr / bc1,
-                                  math.sqrt(bc2), CODE=_DTYPE_CODE[dtype], BLOCK=BLOCK, CHUNK=CHUNK,
-                                  num_warps=1 if INTERPRETED else 4)
+                                  math.sqrt(bc2), CODE=_DTYPE_CODE[dtype],
+                                  STATE=_DTYPE_CODE[dtype] if state16 else 0, BLOCK=BLOCK * (1 + state16),
+                                  CHUNK=CHUNK, num_warps=1 if INTERPRETED else 4 * (1 + state16))
         del keep  # freed memory is reused only by work queued after this kernel on the stream
 
 
@@ -206,14 +220,15 @@ def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Time
             p.grad = torch.randn_like(p)
         return ps
 
-    opt = TritonAdamW(params())
+    # Like for like: the moments in the parameter's dtype, as torch's fused and foreach AdamW keep them.
+    opt = TritonAdamW(params(), master_weights=False)
     foreach = torch.optim.AdamW(params(), foreach=True)
     try:
         fused = torch.optim.AdamW(params(), fused=True)
     except (RuntimeError, ValueError):
         fused = None  # fused AdamW is not available for this device/dtype
     return Timed(f"{T}x{n}", opt.step, {"foreach": foreach.step, "fused": fused.step if fused else None},
-                 min_bytes(T * n, dtype))
+                 min_bytes(T * n, dtype, master_weights=False))
 
 
 def bench_cases() -> list[BenchCase]:

@@ -89,11 +89,19 @@ def bias_gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, dbias_partial_ptr, M, N,
     tl.store(dbias_partial_ptr + p * N + cols, tl.sum(acc, axis=0), mask=col_mask)
 
 
-def _tiles(n_cols: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps): tiles of 4096 elements (up to 1024 columns wide), 4 warps."""
-    block_n = min(next_pow2(n_cols), 1024)
-    block_m = max(1, 4096 // block_n)
-    return block_m, block_n, 1 if INTERPRETED else 4
+# (elements per tile, widest tile, num_warps) of the forward and the backward; the backward's
+# programs per SM (each walks many row tiles, so few partial rows of dbias remain to add up).
+FWD_TILE = (4096, 1024, 4)
+BWD_TILE = (4096, 1024, 4)
+BWD_PROGRAMS_PER_SM = 4
+
+
+def _tiles(n_cols: int, tile: tuple[int, int, int] = FWD_TILE) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps): tiles of `elements` (up to `widest` columns wide)."""
+    elements, widest, warps = tile
+    block_n = min(next_pow2(n_cols), widest)
+    block_m = max(1, elements // block_n)
+    return block_m, block_n, 1 if INTERPRETED else warps
 
 
 def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -102,7 +110,7 @@ def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     M, N = x2.shape
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if x2.numel():
-        bm, bn, warps = _tiles(N)
+        bm, bn, warps = _tiles(N, FWD_TILE)
         grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
         bias_gelu_fwd_kernel[grid](x2, bias, y, M, N, x2.stride(0), y.stride(0),
                                    BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
@@ -114,10 +122,10 @@ def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) ->
     x2, dy2 = rows_2d(x), rows_2d(dy)
     M, N = x2.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    bm, bn, warps = _tiles(N)
+    bm, bn, warps = _tiles(N, BWD_TILE)
     row_tiles, col_tiles = triton.cdiv(M, bm), triton.cdiv(N, bn)
     # Enough programs to fill the GPU a few times over, each summing many rows: few partial rows.
-    programs = max(1, min(row_tiles, 4 * num_sms(x.device) // col_tiles))
+    programs = max(1, min(row_tiles, BWD_PROGRAMS_PER_SM * num_sms(x.device) // col_tiles))
     partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
     if x2.numel():
         bias_gelu_bwd_kernel[(programs, col_tiles)](dy2, x2, bias, dx, partial, M, N,

@@ -70,12 +70,13 @@ def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, 
 @triton.jit
 def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
                           M, N, stride_dy, stride_x, stride_dx, n_row_tiles,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
     # Program p handles row tiles p, p + P, p + 2P, ... (P programs): it writes dx for those rows
     # and sums dy * xhat and dy over them, then stores the two partial sums as row p of
     # dw_partial / db_partial; the caller adds the P partial rows up.
-    # Each iteration first issues the loads of the *next* tile, so they are in flight while
-    # this tile is reduced and written (a hand-made two-stage pipeline).
+    # With PREFETCH, each iteration first issues the loads of the *next* tile, so they are in flight
+    # while this tile is reduced and written (a hand-made two-stage pipeline); wide rows skip it,
+    # as two tiles of x and dy would no longer fit in registers (the spills cost more than it saves).
     p = tl.program_id(0)
     n_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
@@ -86,9 +87,14 @@ def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_p
     x_next, dy_next, mean_next, rstd_next = _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, p, M, cols, col_mask,
                                                          stride_dy, stride_x, BLOCK_M)
     for t in range(p, n_row_tiles, n_programs):
-        x, dy, mean, rstd = x_next.to(tl.float32), dy_next.to(tl.float32), mean_next, rstd_next
-        x_next, dy_next, mean_next, rstd_next = _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, t + n_programs, M,
-                                                             cols, col_mask, stride_dy, stride_x, BLOCK_M)
+        if PREFETCH:
+            x, dy, mean, rstd = x_next.to(tl.float32), dy_next.to(tl.float32), mean_next, rstd_next
+            x_next, dy_next, mean_next, rstd_next = _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, t + n_programs,
+                                                                 M, cols, col_mask, stride_dy, stride_x, BLOCK_M)
+        else:
+            x, dy, mean, rstd = _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, t, M, cols, col_mask,
+                                             stride_dy, stride_x, BLOCK_M)
+            x, dy = x.to(tl.float32), dy.to(tl.float32)
         rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = (rows < M)[:, None] & col_mask[None, :]
         xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
@@ -106,6 +112,24 @@ def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_p
 
 
 @triton.jit
+def sum_partials_kernel(partial_ptr, dw_ptr, db_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    # partial_ptr: fp32 (2, P, N), the backward's partial rows of dweight then dbias; dw_ptr, db_ptr:
+    # the (N,) outputs in the weight's dtype. One launch adds up both and rounds (instead of four torch ops).
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    dw = tl.zeros((BLOCK_N,), tl.float32)
+    db = tl.zeros((BLOCK_N,), tl.float32)
+    for start in range(0, P, BLOCK_P):
+        r = start + tl.arange(0, BLOCK_P)
+        offs = r[:, None] * N + cols[None, :]
+        mask = (r < P)[:, None] & col_mask[None, :]
+        dw += tl.sum(tl.load(partial_ptr + offs, mask=mask, other=0.0), axis=0)
+        db += tl.sum(tl.load(partial_ptr + P * N + offs, mask=mask, other=0.0), axis=0)
+    tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=col_mask)
+    tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty), mask=col_mask)
+
+
+@triton.jit
 def _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, tile, M, cols, col_mask, stride_dy, stride_x,
                  BLOCK_M: tl.constexpr):
     # x, dy (in their own dtype), mean and rstd of row tile `tile` (all masked off past the last row).
@@ -120,14 +144,22 @@ def _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, tile, M, cols, col_mask, str
     return x, dy, mean, rstd
 
 
+# Tile choices (swept on an H200): (min elements per tile, values per thread) of the forward by
+# dtype; the backward's values per thread by dtype and its programs per SM, each for (rows of up
+# to 4096, wider rows), and the widest row it prefetches.
+FWD_TILE = {torch.float32: (1024, 16), torch.float16: (4096, 32), torch.bfloat16: (4096, 32)}
+BWD_VALUES_PER_THREAD = {torch.float32: (32, 16), torch.float16: (32, 32), torch.bfloat16: (32, 32)}
+BWD_PROGRAMS_PER_SM = {torch.float32: (1, 1), torch.float16: (2, 1), torch.bfloat16: (2, 1)}
+BWD_PREFETCH_MAX_COLS = 4096
+
+
 def _fwd_tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    # fp32: tiles of >= 1024 elements, 16 values per thread; 16-bit: >= 4096 elements, 32 per thread.
-    return row_tile(N, 1024, 16) if dtype == torch.float32 else row_tile(N, 4096, 32)
+    return row_tile(N, *FWD_TILE[dtype])
 
 
-def _bwd_tile(N: int) -> tuple[int, int, int]:
+def _bwd_tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
     # Tiles of >= 4096 elements; single rows get 4 warps up to 4096 columns, packed rows 8 warps.
-    bm, bn, warps = row_tile(N, 4096, 32, max_warps=16)
+    bm, bn, warps = row_tile(N, 4096, BWD_VALUES_PER_THREAD[dtype][N > 4096], max_warps=32)
     return bm, bn, (warps if bm == 1 else max(warps, 8)) if not INTERPRETED else 1
 
 
@@ -151,19 +183,21 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     x2, dy2 = rows_2d(x), rows_2d(dy)
     M, N = x2.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    bm, bn, warps = _bwd_tile(N)
+    bm, bn, warps = _bwd_tile(N, x.dtype)
     row_tiles = triton.cdiv(M, bm)
-    programs = max(1, min(row_tiles, 2 * num_sms(x.device)))
-    dw_partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
-    db_partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
+    programs = max(1, min(row_tiles, BWD_PROGRAMS_PER_SM[x.dtype][N > 4096] * num_sms(x.device)))
+    partial = torch.empty((2, programs, N), dtype=torch.float32, device=x.device)
+    dw, db = torch.empty_like(weight), torch.empty_like(weight)
     if x2.numel():
-        layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, dw_partial, db_partial, M, N,
-                                           dy2.stride(0), x2.stride(0), dx.stride(0), row_tiles,
-                                           BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+        layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
+                                           dy2.stride(0), x2.stride(0), dx.stride(0), row_tiles, BLOCK_M=bm,
+                                           BLOCK_N=bn, PREFETCH=N <= BWD_PREFETCH_MAX_COLS, num_warps=warps)
     else:
-        dw_partial.zero_()
-        db_partial.zero_()
-    return dx.view(x.shape), dw_partial.sum(0).to(weight.dtype), db_partial.sum(0).to(weight.dtype)
+        partial.zero_()
+    block_n = 32 if INTERPRETED else 256
+    sum_partials_kernel[(triton.cdiv(N, block_n),)](partial, dw, db, programs, N, BLOCK_P=32, BLOCK_N=block_n,
+                                                    num_warps=1 if INTERPRETED else 4)
+    return dx.view(x.shape), dw, db
 
 
 class LayerNorm(torch.autograd.Function):
@@ -205,7 +239,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 
 
 # ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
-from labkit.kernels._bench import BenchCase, Timed, bind, grad_fn, maybe_compile, randn, rows_cols  # noqa: E402
+from labkit.kernels._bench import BenchCase, Timed, bind, grad_fn, maybe_compile, peer, randn, rows_cols  # noqa: E402
 
 
 def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
@@ -213,8 +247,24 @@ def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Time
     x, w, b = randn(M, N, dtype=dtype), randn(N, dtype=dtype), randn(N, dtype=dtype)
     return Timed(f"{M}x{N}", lambda: layer_norm(x, w, b),
                  {"eager": lambda: reference(x, w, b),
-                  "compile": bind(maybe_compile(reference, use_compile), x, w, b)},
+                  "compile": bind(maybe_compile(reference, use_compile), x, w, b),
+                  "liger": bind(peer("layer_norm"), x, w, b)},
                  min_bytes((M, N), dtype))
+
+
+def _bench_fb(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+    M, N = rows_cols(dims)
+    x, w, b = randn(M, N, dtype=dtype), randn(N, dtype=dtype), randn(N, dtype=dtype)
+    dy = randn(M, N, dtype=dtype)
+    for t in (x, w, b):
+        t.requires_grad_(True)
+
+    def fb(fn):  # forward and backward through autograd, as in training
+        return (lambda: torch.autograd.grad(fn(x, w, b), (x, w, b), dy)) if fn is not None else None
+    return Timed(f"{M}x{N}", fb(layer_norm),
+                 {"eager": fb(reference), "compile": fb(maybe_compile(reference, use_compile)),
+                  "liger": fb(peer("layer_norm"))},
+                 min_bytes((M, N), dtype) + min_bytes((M, N), dtype, backward=True))
 
 
 def _bench_bwd(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
@@ -225,10 +275,16 @@ def _bench_bwd(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> 
         t.requires_grad_(True)
     return Timed(f"{M}x{N}", grad_fn(layer_norm, (x, w, b), dy),
                  {"eager": grad_fn(reference, (x, w, b), dy),
-                  "compile": grad_fn(maybe_compile(reference, use_compile), (x, w, b), dy)},
+                  "compile": grad_fn(maybe_compile(reference, use_compile), (x, w, b), dy),
+                  "liger": grad_fn(peer("layer_norm"), (x, w, b), dy)},
                  min_bytes((M, N), dtype, backward=True))
 
 
 def bench_cases() -> list[BenchCase]:
     sizes = dict(gpu_sizes=("65536x1024", "16384x4096", "8192x8192"), cpu_sizes=("17x129",))
-    return [BenchCase("layer_norm", _bench, **sizes), BenchCase("layer_norm_bwd", _bench_bwd, **sizes)]
+    fwd = dict(gpu_sizes=("65536x1024", "16384x4096", "8192x8192", "4096x16384"), cpu_sizes=("17x129",))
+    fb = dict(gpu_sizes=("65536x1024", "16384x2048", "16384x4096", "8192x8192", "4096x16384"), cpu_sizes=("17x129",))
+    peers = ("eager", "compile", "liger")
+    return [BenchCase("layer_norm", _bench, **fwd, baselines=peers),
+            BenchCase("layer_norm_bwd", _bench_bwd, **sizes, baselines=peers),
+            BenchCase("layer_norm_fb", _bench_fb, **fb, baselines=peers)]

@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 
 from labkit.device import current
-from labkit.kernels._common import FLOAT_DTYPES, INTERPRETED, check_same_device, check_same_dtype, check_tensor
+from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, Launcher, check_same_device, check_same_dtype,
+                                    check_tensor)
 
 
 def min_bytes(M: int, N: int, K: int, dtype: torch.dtype = torch.float32) -> int:
@@ -37,6 +38,8 @@ def configs() -> list:
     if current().triton_interpreter or INTERPRETED:
         return [_config(32, 32, 32, 1, 1, group=4)]
     return [
+        _config(128, 256, 32, 3, 8),  # fp32 (TF32): 64-wide K tiles do not fit three stages
+        _config(128, 128, 32, 4, 8),
         _config(128, 256, 64, 3, 8),
         _config(256, 128, 64, 3, 8),
         _config(128, 256, 64, 4, 8),
@@ -45,6 +48,8 @@ def configs() -> list:
         _config(128, 256, 32, 4, 8),
         _config(256, 128, 32, 4, 8),
         _config(128, 128, 32, 5, 4),
+        _config(128, 128, 64, 3, 8),  # 2048: 256 tiles keep 132 SMs busy where 128x256 gives 128
+        _config(64, 256, 64, 4, 8),
         _config(64, 128, 64, 4, 4),  # small or skinny problems
     ]
 
@@ -117,6 +122,13 @@ def input_precision(dtype: torch.dtype) -> str:
     return "tf32"  # (ignored for fp16/bf16 inputs, which the tensor cores take as they are)
 
 
+# TF32 on Hopper: the tensor cores (wgmma) take 32-bit operands only K-major, so a row-major B is
+# copied K-major first (2 K N 4 bytes: a few % of a 4096 product's time) when TF32_B_K_MAJOR is set.
+TF32_B_K_MAJOR = True
+_launch = Launcher(matmul_kernel.fn)
+_tuned: dict = {}  # launch key -> (grid, constexprs, options) of the autotuned config
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for 2-D tensors of one dtype (fp32, fp16, bf16); the result has that dtype.
 
@@ -168,14 +180,29 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if K == 0:
         return c.zero_()
     precision = input_precision(a.dtype)
-
-    def grid(meta):
-        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-
-    matmul_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                        c.stride(0), c.stride(1), INPUT_PRECISION=precision,
-                        UPCAST=INTERPRETED and a.dtype != torch.float32)
+    if precision == "tf32" and a.dtype == torch.float32 and TF32_B_K_MAJOR and b.stride(0) != 1 and not INTERPRETED:
+        b = b.t().contiguous().t()
+    args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    upcast = INTERPRETED and a.dtype != torch.float32
+    if INTERPRETED:
+        matmul_kernel[_grid(M, N)](*args, INPUT_PRECISION=precision, UPCAST=upcast)
+        return c
+    # After the first call of a shape has autotuned, later calls launch the chosen binary directly.
+    key = (a.dtype, precision, *args[3:])
+    tuned = _tuned.get(key)
+    if tuned is None:
+        matmul_kernel[_grid(M, N)](*args, INPUT_PRECISION=precision, UPCAST=upcast)
+        best = matmul_kernel.best_config
+        meta = {**best.kwargs, "INPUT_PRECISION": precision, "UPCAST": upcast}
+        _tuned[key] = (_grid(M, N)(meta), meta, dict(num_warps=best.num_warps, num_stages=best.num_stages))
+        return c
+    grid, meta, options = tuned
+    _launch(grid, args, meta, **options)
     return c
+
+
+def _grid(M: int, N: int):
+    return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
 
 # ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)

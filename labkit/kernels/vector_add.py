@@ -42,6 +42,8 @@ def vector_add_kernel(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
 
 
 BLOCK = 4096
+# (dtype, device) pairs that passed the checks once: later calls with them skip the checks.
+_checked: set = set()
 
 
 def vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -66,6 +68,16 @@ class _VectorAdd(torch.autograd.Function):
 
 
 def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    # The hot path: at 1M elements the kernel runs for microseconds, so the Python around it must be
+    # short: inputs of a kind that passed the checks before go straight to the launch. (On an H200
+    # host, Triton 3.6's own launch took 14-20 us of CPU; a launcher of our own that cached the
+    # compiled kernel measured 3 us slower, so this is Triton's.)
+    if (x.dtype, y.dtype, x.device, y.device) in _checked and x.shape == y.shape and x.is_contiguous() \
+            and y.is_contiguous() and 0 < x.numel() < 2**31:
+        n = x.numel()
+        z = torch.empty_like(x)
+        vector_add_kernel[((n + BLOCK - 1) // BLOCK,)](x, y, z, n, BLOCK=BLOCK, num_warps=8)
+        return z
     check_tensor("vector_add", "x", x, FLOAT_DTYPES)
     check_tensor("vector_add", "y", y, FLOAT_DTYPES)
     check_same_device("vector_add", x=x, y=y)
@@ -84,6 +96,7 @@ def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     # loading them in 16-byte pieces; cdiv(n, 4096) programs cover the whole array.
     grid = (triton.cdiv(n, BLOCK),)
     vector_add_kernel[grid](x, y, z, n, BLOCK=BLOCK, num_warps=1 if INTERPRETED else 8)
+    _checked.add((x.dtype, y.dtype, x.device, y.device))
     return z
 
 
