@@ -28,7 +28,7 @@ from labkit.exercises.inputs import here
 from labkit.exercises.spec import Function
 
 NOTEBOOK = "13_capstone"
-ROUNDS = 3  # timed rounds per side, after one warm-up round each
+ROUNDS = 5  # timed rounds per side, after one warm-up round each
 # speed-up over the baseline -> points (the highest reached counts). On a CPU (quick mode) the model is tiny
 # and there are no tensor cores, bf16 or CUDA graphs: the steps that pay there (no DataLoader, no per-step
 # sync, a fused optimizer, SDPA) buy less, so the thresholds are lower.
@@ -36,6 +36,10 @@ THRESHOLDS = {"cuda": ((0.8, 1), (1.5, 2), (2.0, 3), (4.0, 4)),
               "cpu": ((0.7, 1), (1.15, 2), (1.3, 3), (1.6, 4))}
 MAX_POINTS = 4
 WARMUP_BUDGET_S = {"cuda": 120.0, "cpu": 60.0}  # the warm-up round: make_trainer, compile and N steps
+# the trained model's held-out logits vs the baseline model's (relative L2). The logits start near zero, so this
+# is relative to what training changed: bf16 rounding moves it by about a percent at CPU sizes; a frozen block
+# by a fifth, a skipped backward every other step by half (capstone.score's own default is looser)
+OUTPUT_RTOL = {"cuda": 0.08, "cpu": 0.05}
 BASELINE_SLACK = 2.0  # the baseline in the student's process may run at most this much slower than the grader's
 SIZES = {  # the workload: model, batch, N steps, corpus windows (a multiple of the batch)
     "cpu": {"model": {"seq": 32, "d_model": 64, "heads": 4, "layers": 2}, "batch": 8, "steps": 20, "windows": 32},
@@ -150,7 +154,8 @@ def capstone_case(about: str, sizes: dict, seeds: list[int], device: str) -> dic
     return {"about": about, "args": {"sizes": sizes, "seeds": seeds, "device": device},
             "expected": {"rounds": rounds, "baseline seconds": statistics.median(seconds[1:] or seconds),
                          "tokens per round": sizes["steps"] * sizes["batch"] * sizes["model"]["seq"],
-                         "thresholds": THRESHOLDS[kind], "warm-up budget s": WARMUP_BUDGET_S[kind]}}
+                         "thresholds": THRESHOLDS[kind], "warm-up budget s": WARMUP_BUDGET_S[kind],
+                         "output rtol": OUTPUT_RTOL[kind]}}
 
 
 def _measured(rnd: dict, targets: torch.Tensor, tokens_per_s: float, warmup_s: float,
@@ -173,33 +178,36 @@ def score_capstone(expected: dict, got) -> tuple[float, list[str], dict]:
     exp_rounds, rounds = expected["rounds"], got["rounds"]
     if len(rounds) != len(exp_rounds) or len(got["seconds"]) != len(exp_rounds):
         return 0.0, [f"{len(rounds)} rounds measured for {len(exp_rounds)}"], {}
-    secs = [float(s) for s in got["seconds"]]
-    mine_s = statistics.median(secs[1:] or secs)
-    base_child = statistics.median([float(s) for s in got["baseline seconds"]][1:] or got["baseline seconds"])
-    base_s = min(base_child, BASELINE_SLACK * expected["baseline seconds"])
-    tokens = expected["tokens per round"]
-    if not all(math.isfinite(s) and s > 0 for s in (mine_s, base_s)):
+    secs, base_secs = [float(s) for s in got["seconds"]], [float(s) for s in got["baseline seconds"]]
+    if len(base_secs) != len(secs) or not all(math.isfinite(s) and s > 0 for s in secs + base_secs):
         return 0.0, ["no time measured"], {}
-    tps, base_tps = tokens / mine_s, tokens / base_s
+    # each timed round next to the baseline's round on the same seed: the median of their ratios
+    limit = BASELINE_SLACK * expected["baseline seconds"]
+    pairs = list(zip(secs, base_secs))[1:] or list(zip(secs, base_secs))
+    speedup = statistics.median(min(b, limit) / m for m, b in pairs)
+    tokens = expected["tokens per round"]
+    tps = tokens / statistics.median(m for m, _ in pairs)
+    base_tps = tps / speedup
     notes = []
-    if base_s < base_child:
-        notes.append(f"the baseline ran {base_child / expected['baseline seconds']:.1f}x slower in your notebook's "
-                     f"process than in the grader's: your speed-up is measured against the grader's time (x"
-                     f"{BASELINE_SLACK:g})")
+    if statistics.median(b for _, b in pairs) > limit:
+        notes.append(f"the baseline ran {statistics.median(b for _, b in pairs) / expected['baseline seconds']:.1f}x "
+                     f"slower in your notebook's process than in the grader's: your speed-up is measured against the "
+                     f"grader's time (x{BASELINE_SLACK:g})")
     s = None
     for i, (exp, rnd) in enumerate(zip(exp_rounds, rounds)):
         base = _measured(exp, exp["targets"], base_tps, 0.0, None)
         mine = _measured(rnd, exp["targets"], tps, secs[0] if i == 0 else 0.0, exp["logits"])
-        s = score(mine, base, warmup_budget_s=expected["warm-up budget s"], thresholds=expected["thresholds"])
+        s = score(mine, base, output_rtol=expected["output rtol"], warmup_budget_s=expected["warm-up budget s"],
+                  thresholds=expected["thresholds"])
         if not s.ok:
             what = "the warm-up round" if i == 0 else f"timed round {i}"
             return 0.0, [f"{what} (fresh seed): {s.reason}"], {}
-    pts = points_for(tps / base_tps, expected["thresholds"])
+    pts = points_for(speedup, expected["thresholds"])
     nxt = next((t for t, p in expected["thresholds"] if p > pts), None)
-    notes.append(f"{tps:,.0f} tokens/s, {tps / base_tps:.2f}x the baseline's {base_tps:,.0f} (median of "
-                 f"{max(1, len(secs) - 1)} rounds): {pts} of {MAX_POINTS} points"
+    notes.append(f"{tps:,.0f} tokens/s, {speedup:.2f}x the baseline (median of {len(pairs)} rounds, each next to "
+                 f"the baseline's on the same seed): {pts} of {MAX_POINTS} points"
                  + (f" (next at {nxt:g}x)" if nxt else ""))
-    details = {"tokens_per_s": tps, "speedup": tps / base_tps, "loss": final(rounds[-1]["losses"]),
+    details = {"tokens_per_s": tps, "speedup": speedup, "loss": final(rounds[-1]["losses"]),
                "warmup_s": secs[0]}
     return pts / MAX_POINTS, notes, details
 

@@ -68,8 +68,9 @@ def _resolve(dotted: str) -> tuple[Any, str]:
 def install(answers: dict[str, dict[str, str]]) -> list[AnswerStub]:
     """answers: dotted name -> {function it answers: its exercise notebook}. Replace every labkit reference."""
     stubs = []
+    found = {dotted: _resolve(dotted)[0] for dotted in answers}  # every module imported before any stub exists
     for dotted, owners in answers.items():
-        real, _ = _resolve(dotted)
+        real = found[dotted]
         if isinstance(real, AnswerStub):
             real.__dict__["_owners"].update(owners)
             continue

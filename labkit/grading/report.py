@@ -132,11 +132,12 @@ def feedback_markdown(r: StudentReport, columns: list[FnSpec], device: str) -> s
         o = r.outcomes[s.name]
         score = NEEDS_GPU if o.score is None else f"{fmt_points(o.score)} / {fmt_points(s.points)}"
         lines.append(f"| {s.notebook} | `{s.name}` | {score} | {o.status} |")
-    scored = [s for s in columns if s.fn.score is not None and r.outcomes[s.name].status == "ok"
-              and r.outcomes[s.name].messages]
-    for s in scored:
-        lines += ["", f"`{s.name}` ({s.notebook}): " + "; ".join(r.outcomes[s.name].messages)]
-    problems = [s for s in columns if r.outcomes[s.name].status not in ("ok", NEEDS_GPU, "not submitted")]
+    scored = [s for s in columns if s.fn.score is not None and (r.outcomes[s.name].score or 0) > 0]
+    if scored:  # points from a score (e.g. a speed-up): what was measured, and what the next points need
+        lines += ["", "## Scores"] + [f"- `{s.name}` ({s.notebook}): {m}" for s in scored
+                                     for m in r.outcomes[s.name].messages]
+    problems = [s for s in columns if r.outcomes[s.name].status not in ("ok", NEEDS_GPU, "not submitted")
+                and s not in scored]
     if problems:
         lines += ["", "## What went wrong"]
         for s in problems:
