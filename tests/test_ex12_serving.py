@@ -88,8 +88,9 @@ def test_grader_gives_the_solution_full_marks_and_wrong_policies_less(tmp_path):
     importer = json.loads(json.dumps(sol))  # labkit's own policy, imported: a stub while graded
     cell = next(c for c in importer["cells"] if SOLUTION_BODY in "".join(c["source"]))
     cell["source"] = "".join(cell["source"]).replace(SOLUTION_BODY, IMPORTED)
+    use = "from labkit import batcher\nassert batcher.launch_delay(8, 0.0, 8, 1e-3) == 0.0"  # a cell: labkit's own
     importer["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "id": "use",
-                              "source": "from labkit import batcher\nassert batcher.launch_delay(8, 0.0, 8, 1e-3) == 0.0"})
+                              "source": use})
     notebooks["importer"] = importer
     for student, content in notebooks.items():
         (subs / student).mkdir(parents=True)

@@ -210,7 +210,8 @@ def _speed_and_fixes(expected: dict, got: dict) -> dict[str, str | None]:
     if not isinstance(work, dict) or not all(isinstance(work.get(k), int) for k in ("scalar reads", "element reads",
                                                                                     "copies", "ops")):
         return out | {k: "not measured" for k in FIXES}
-    return out | {k: (f"{k}: {v}" if v else None) for k, v in fixes(work, int(got["slow ops"]), int(got["steps"])).items()}
+    found = fixes(work, int(got["slow ops"]), int(got["steps"]))
+    return out | {k: (f"{k}: {v}" if v else None) for k, v in found.items()}
 
 
 FIXES = ("clip", "sync", "copies", "ops")
