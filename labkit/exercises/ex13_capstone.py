@@ -25,6 +25,7 @@ from labkit.capstone.score import Measured, final, points_for, score
 from labkit.capstone.train import LoopAdamW, RunConfig
 from labkit.exercises.ex11_profiling import one_thread
 from labkit.exercises.inputs import here
+from labkit.exercises.observe import snapshot
 from labkit.exercises.spec import Function
 
 NOTEBOOK = "13_capstone"
@@ -137,7 +138,7 @@ def call_make_trainer(fn, args):
                 else:
                     r = one_round(BaselineTrainer, run, corpus, held, device)
                     base.append(r["seconds"])
-    return {"rounds": [{"losses": r["losses"], "logits": r["logits"]} for r in mine],
+    return {"rounds": [{"losses": r["losses"], "logits": snapshot(r["logits"])} for r in mine],
             "seconds": [r["seconds"] for r in mine], "baseline seconds": base}
 
 
@@ -148,7 +149,7 @@ def capstone_case(about: str, sizes: dict, seeds: list[int], device: str) -> dic
     with one_thread(dev.type == "cpu"):
         for run, corpus, held in (workload(sizes, s) for s in seeds):
             r = one_round(BaselineTrainer, run, corpus, held, dev)
-            rounds.append({"losses": r["losses"], "logits": r["logits"], "targets": held[1]})
+            rounds.append({"losses": r["losses"], "logits": snapshot(r["logits"]), "targets": snapshot(held[1])})
             seconds.append(r["seconds"])
     kind = dev.type
     return {"about": about, "args": {"sizes": sizes, "seeds": seeds, "device": device},
@@ -158,9 +159,15 @@ def capstone_case(about: str, sizes: dict, seeds: list[int], device: str) -> dic
                          "output rtol": OUTPUT_RTOL[kind]}}
 
 
+def _tensor(x) -> torch.Tensor | None:
+    """A tensor from an observation (observe.snapshot's {"__tensor__": ...}), else None."""
+    t = x.get("__tensor__") if isinstance(x, dict) else x
+    return t if isinstance(t, torch.Tensor) else None
+
+
 def _measured(rnd: dict, targets: torch.Tensor, tokens_per_s: float, warmup_s: float,
               reference: torch.Tensor | None) -> Measured:
-    logits = rnd["logits"]
+    logits = _tensor(rnd.get("logits"))
     if not isinstance(logits, torch.Tensor) or logits.shape[:2] != targets.shape or logits.dim() != 3:
         raise ValueError(f"the trained model's logits on held-out text have the wrong shape "
                          f"({tuple(getattr(logits, 'shape', ()))}; expected {tuple(targets.shape)} x vocabulary): "
@@ -195,8 +202,9 @@ def score_capstone(expected: dict, got) -> tuple[float, list[str], dict]:
                      f"grader's time (x{BASELINE_SLACK:g})")
     s = None
     for i, (exp, rnd) in enumerate(zip(exp_rounds, rounds)):
-        base = _measured(exp, exp["targets"], base_tps, 0.0, None)
-        mine = _measured(rnd, exp["targets"], tps, secs[0] if i == 0 else 0.0, exp["logits"])
+        targets = _tensor(exp["targets"])
+        base = _measured(exp, targets, base_tps, 0.0, None)
+        mine = _measured(rnd, targets, tps, secs[0] if i == 0 else 0.0, _tensor(exp["logits"]))
         s = score(mine, base, output_rtol=expected["output rtol"], warmup_budget_s=expected["warm-up budget s"],
                   thresholds=expected["thresholds"])
         if not s.ok:
@@ -256,4 +264,4 @@ def sizes_dict(run: RunConfig) -> dict:
 ANSWERS = ("labkit.capstone.train.Trainer", "labkit.capstone.train.run_variant", "labkit.capstone.train.measure",
            "labkit.capstone.ddp.DDPTrainer")
 FUNCTIONS = [Function("make_trainer", call_make_trainer, visible_make_trainer, compare=compare_capstone,
-                      score=score_capstone, answers=ANSWERS)]
+                      score=score_capstone, answers=ANSWERS, min_timeout_s=240.0)]  # compilation and 12 rounds

@@ -44,3 +44,4 @@ class Function:
     needs_gpu: bool = False  # graded only with a CUDA GPU and nvcc, else "needs GPU"
     score: Callable[[Any, Any], tuple[float, list[str], dict]] | None = None  # points from a score
     answers: tuple[str, ...] = ()  # dotted names of labkit objects that are this function's answer
+    min_timeout_s: float = 0.0  # its calls get at least this long, whatever --exercise-timeout (e.g. compiling)

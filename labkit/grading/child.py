@@ -162,7 +162,8 @@ def main(in_dir: str, out_dir: str) -> None:
         for name in nb["functions"]:
             emit(ev="fn_start", nb=nb["name"], fn=name)
             todo = cases.get(name, [])
-            results = _grade_function(ns, name, callers[name], todo, job["exercise_timeout"], describe)
+            limit = max(job["exercise_timeout"], fns[name].min_timeout_s)
+            results = _grade_function(ns, name, callers[name], todo, limit, describe)
             try:
                 mac = seal.write(key, out_dir, name, {"cases": results}, save, replace)
             except BaseException as exc:
