@@ -166,3 +166,31 @@ def test_a_leaderboard_file_inside_the_submissions_is_refused(tmp_path):
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "never overwritten" in run.stderr
     assert (subs / "a" / f"{NB}.ipynb").read_text() == before
+
+
+def test_merging_shards_ranks_their_leaderboards_as_one_class(tmp_path):
+    from labkit.grading import merge
+    from labkit.grading.report import LEADERBOARD
+
+    def shard(k: int, students: dict[str, str]) -> Path:
+        d = tmp_path / f"shard{k}"
+        (d / "feedback").mkdir(parents=True)
+        (d / "grades.csv").write_text("student,submission,make_trainer,total,out_of,notes\n"
+                                      + "".join(f"{s},{s},1,1,4,\n" for s in students))
+        for s in students:
+            (d / "feedback" / f"{s}.md").write_text(f"# {s}\n")
+        (d / "shard.json").write_text(json.dumps({"shard": k, "of": 2, "roster": "r", "roster_size": 3, "seed": 1,
+                                                  "students": list(students), "columns": ["make_trainer"]}))
+        with open(d / "leaderboard.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, LEADERBOARD)
+            w.writeheader()
+            for rank, (s, sp) in enumerate(students.items(), 1):
+                w.writerow({"rank": rank if sp else "", "student": s, "submission": s, "function": "make_trainer",
+                            "speedup": sp, "tokens_per_s": "1" if sp else "", "loss": "2" if sp else "",
+                            "points": "1" if sp else "0", "out_of": "4", "note": "" if sp else "wrong loss"})
+        return d
+
+    assert merge.merge([shard(1, {"ann": "1.2", "cid": ""}), shard(2, {"bo": "3.5"})], tmp_path / "all") == 3
+    with open(tmp_path / "all" / "leaderboard.csv", newline="") as f:
+        board = [(r["rank"], r["student"]) for r in csv.DictReader(f)]
+    assert board == [("1", "bo"), ("2", "ann"), ("", "cid")]

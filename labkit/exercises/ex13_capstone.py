@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
@@ -222,9 +221,8 @@ def score_capstone(expected: dict, got) -> tuple[float, list[str], dict]:
 
 def compare_capstone(expected: dict, got, rtol: float = 0.0, atol: float = 0.0) -> list[str]:
     """The check: what is wrong (nothing when the loop trains the baseline's model, however fast)."""
-    frac, notes, _ = score_capstone(expected, got)
-    ok = frac > 0 or (notes and "points" in notes[-1])
-    return [] if ok else notes
+    _, notes, figures = score_capstone(expected, got)  # figures only when every round trained the right model
+    return [] if figures else notes
 
 
 def visible_make_trainer() -> list[dict]:
@@ -251,13 +249,6 @@ _last: dict[str, float] = {}
 def last_speedup() -> float:
     """The speed-up the last preview() measured (nan if it found the loop wrong)."""
     return _last.get("speedup", float("nan"))
-
-
-def sizes_dict(run: RunConfig) -> dict:
-    """A RunConfig's workload as SIZES writes it."""
-    m = asdict(run.model)
-    return {"model": {k: m[k] for k in ("seq", "d_model", "heads", "layers")}, "batch": run.batch,
-            "steps": run.steps, "windows": run.windows}
 
 
 # labkit's Trainer builds every fast variant of notebook 13: while make_trainer is graded it is a stub
