@@ -45,6 +45,14 @@ def test_device_batches_are_the_loaders_batches():
     assert order(WINDOWS, 2, RUN.batch, 0).shape == (2, RUN.batch)
 
 
+@pytest.mark.parametrize("seed, windows, batch, batches", [(0, 16, 4, 13), (7, 32, 8, 9), (123, 12, 3, 10)])
+def test_order_is_the_dataloaders_order_epoch_after_epoch(seed, windows, batch, batches):
+    loader = torch.utils.data.DataLoader(range(windows), batch_size=batch, shuffle=True, drop_last=True,
+                                         generator=torch.Generator().manual_seed(seed))
+    seen = torch.cat([b for _ in range(-(-batches * batch // windows)) for b in loader])[: batches * batch]
+    assert torch.equal(order(windows, batches, batch, seed), seen.view(batches, batch))
+
+
 def test_padding_computes_the_same_function_and_padding_stays_zero():
     plain, padded = GPT(CFG, "naive", 1, seed=3).double(), GPT(CFG, "naive", 64, seed=3).double()
     assert padded.head.weight.shape[0] == 64 and padded.blocks[0].fc.weight.shape[0] % 64 == 0

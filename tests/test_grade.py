@@ -64,7 +64,8 @@ def graded(tmp_path_factory):
     base = tmp_path_factory.mktemp("grading")
     subs, out = base / "submissions", base / "out"
     subs.mkdir()
-    names = [p.stem for p in sorted(SOLUTIONS.glob("[0-9]*.ipynb"))]
+    # the capstone is timed: tests/test_ex13_capstone.py grades it in a run of its own
+    names = [p.stem for p in sorted(SOLUTIONS.glob("[0-9]*.ipynb")) if p.stem != "13_capstone"]
     save(subs, "solution", {n: nb(n) for n in names})
     save(subs, "exercise", {n: nb(n, EXERCISES) for n in names})
 
@@ -242,12 +243,17 @@ def test_a_single_renamed_notebook_is_matched_and_magics_are_skipped(graded):
     assert "notes" not in rows
 
 
+def same(expected):
+    """An expected result without what the parent timed (\"measured\": ex13's baseline), which varies run to run."""
+    return {k: v for k, v in expected.items() if k != "measured"} if isinstance(expected, dict) else expected
+
+
 def test_hidden_cases_are_deterministic_and_differ_from_the_visible_ones():
     for nb_specs in specs.load_specs(SOLUTIONS / "graded").values():
         for s in nb_specs:
             a, b = specs.make_cases(s, 7, False), specs.make_cases(s, 7, False)
             assert [c["about"] for c in a] == [c["about"] for c in b]
-            assert all(check.compare(x["expected"], y["expected"]) == [] for x, y in zip(a, b))
+            assert all(check.compare(same(x["expected"]), same(y["expected"])) == [] for x, y in zip(a, b))
             if s.fn.visible is not None:
                 visible = {c["about"] for c in s.fn.visible()}
                 assert not visible & {c["about"] for c in a}, s.name

@@ -90,5 +90,9 @@ def order(windows: int, batches: int, batch: int, seed: int) -> torch.Tensor:
         raise ValueError(f"order: {windows} windows do not split into batches of {batch}; use a multiple")
     g = torch.Generator().manual_seed(seed)
     need = batches * batch
-    perms = [torch.randperm(windows, generator=g) for _ in range(-(-need // windows))]
+    perms = []
+    for _ in range(-(-need // windows)):  # per epoch, as torch.utils.data draws from the generator:
+        torch.empty((), dtype=torch.int64).random_(generator=g)  # the iterator's base seed for workers,
+        perms.append(torch.randperm(windows, generator=g))  # the shuffle (RandomSampler),
+        torch.randperm(windows, generator=g)  # and the sampler's draw for the remainder (empty) at the end
     return torch.cat(perms)[:need].view(batches, batch)

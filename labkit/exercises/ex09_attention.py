@@ -61,5 +61,8 @@ def visible_flash_attention() -> list[dict]:
             random_case(g, (1, 1, 23, 32), torch.bfloat16, True, dev)]
 
 
+# labkit's own FlashAttention answers this exercise: stubs while it is graded (labkit.grading.answers)
+ANSWERS = tuple(f"labkit.kernels.attention.{n}" for n in ("attention", "attention_forward", "Attention",
+                                                           "attn_fwd_kernel"))
 FUNCTIONS = [Function("flash_attention", call_flash_attention, visible_flash_attention, prepare=launches.bind,
-                      requires_triton=True)]
+                      requires_triton=True, answers=ANSWERS)]

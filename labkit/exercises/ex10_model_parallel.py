@@ -67,4 +67,5 @@ def visible_one_f_one_b() -> list[dict]:
     return [one_f_one_b_case(2, 4, 0), one_f_one_b_case(4, 6, 1)]
 
 
-FUNCTIONS = [Function("one_f_one_b", call_one_f_one_b, visible_one_f_one_b, compare=compare_orders)]
+FUNCTIONS = [Function("one_f_one_b", call_one_f_one_b, visible_one_f_one_b, compare=compare_orders,
+                      answers=("labkit.parallel.pipeline.order_1f1b",))]  # a stub while graded

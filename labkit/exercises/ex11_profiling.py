@@ -1,17 +1,24 @@
 """Exercise 11, profiling: `fast_train(params, xs, ys, lr, momentum, max_norm)`, a fast version of `slow_train`.
 
-Graded on both: the same parameters and losses as slow_train (against a float64 run) on fresh inputs
-for every call, and a speed-up over slow_train measured by the grader itself, on those same inputs.
+Graded on the same parameters and losses as slow_train (against a float64 run) on fresh inputs for
+every call, a speed-up over slow_train measured by the grader itself on those same inputs, and each fix
+the exercise asks for, observed in one more call (FIXES): no per-element Python work (`.tolist()` in
+the clip), no read of a device value in every step (`.item()`), no copy in every step, and a few
+whole-tensor ops per step instead of many tiny ones. Points: a share per item met, zero when wrong.
 """
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 from contextlib import contextmanager
 from typing import Iterator
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.profiler import record_function
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.exercises.inputs import here
 from labkit.exercises.observe import compare, expect_like, snapshot
@@ -22,9 +29,15 @@ MIN_SPEEDUP = 2.0  # what the fixes reach with room to spare, on a CPU and on a 
 TOL = 2e-3  # fp32 against a float64 run of the same steps: rounding, and fused ops rounding differently
 RUNS = 6  # pairs of calls (slow, yours) per case, on fresh inputs each; the first pair is a warm-up
 
+OPS_FRACTION = 0.65  # "a few whole-tensor ops": at most this share of slow_train's ops per step
+
 # Bound on import (the grader imports this before any student code runs).
 _CLOCK = time.perf_counter
 _SYNC = torch.cuda.synchronize
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+SCALAR_READS = {"item", "__float__", "__int__", "__bool__", "__index__"}  # the host waits for one value
+ELEMENT_READS = {"tolist", "numpy", "__iter__"}  # the host waits, then Python walks every element
+COPIES = {"to", "cuda", "copy_"}
 
 
 def make_problem(seed: int, sizes: dict, device: torch.device | str = "cpu",
@@ -97,6 +110,60 @@ def _timed(fn, args: tuple, hyper: dict, device: torch.device) -> tuple[object, 
     return out, _CLOCK() - t0
 
 
+class _Calls(TorchFunctionMode):
+    """Counts the tensor methods called from outside torch (the code under test's own calls)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if not sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIR):
+            name = getattr(func, "__name__", "?")
+            self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the ATen ops that ran (forward, backward and optimizer: each a kernel launch on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_work(fn, problem: tuple, hyper: dict) -> dict:
+    """What one call of `fn` did, per kind: values read back, copies made, ATen ops run."""
+    calls, ops = _Calls(), _Ops()
+    with calls, ops:
+        fn(*problem, **hyper)
+    return {"scalar reads": sum(calls.calls.get(k, 0) for k in SCALAR_READS),
+            "element reads": sum(calls.calls.get(k, 0) for k in ELEMENT_READS),
+            "copies": sum(calls.calls.get(k, 0) for k in COPIES), "ops": ops.ops}
+
+
+def fixes(work: dict, slow_ops: int, steps: int) -> dict[str, str | None]:
+    """Each fix the exercise asks for -> None when made, else what the grader saw."""
+    per = {k: work[k] / steps for k in work}
+    return {
+        "clip": (f"{work['element reads']} .tolist()/.numpy()/iteration calls for {steps} steps: the clip still walks "
+                 f"the gradient element by element in Python (compute the norm with tensor ops)"
+                 if work["element reads"] >= steps else None),
+        "sync": (f"{work['scalar reads']} values read back to the host (.item(), float(...)) for {steps} steps: "
+                 f"every step waits for the device (keep the losses as tensors, read them once)"
+                 if work["scalar reads"] >= steps else None),
+        "copies": (f"{work['copies']} .to()/.cuda()/.copy_() calls for {steps} steps: a copy in every step (copy "
+                   f"the data to the device once)" if work["copies"] >= steps else None),
+        "ops": (f"{per['ops']:.0f} ATen ops per step, slow_train's {slow_ops / steps:.0f}: still many tiny ops (a "
+                f"fused GELU and addmm, clip_grad_norm_ and SGD with foreach=True do it in few; at most "
+                f"{OPS_FRACTION:.0%} of slow_train's)" if work["ops"] > OPS_FRACTION * slow_ops else None),
+    }
+
+
 def call_fast_train(fn, args):
     """Alternate slow_train and `fn` on fresh inputs (one seed per pair, one CPU thread on a CPU); keep fn's
     results and both times."""
@@ -113,9 +180,12 @@ def call_fast_train(fn, args):
                     fast_s.append(seconds)
                 else:
                     slow_s.append(seconds)
+        seed = args["seeds"][-1] + 1  # one more call, untimed, counting what each does
+        work = count_work(fn, make_problem(seed, sizes, device), hyper)
+        slow_work = count_work(slow_train, make_problem(seed, sizes, device), hyper)
     slow, fast = min(slow_s[1:] or slow_s), min(fast_s[1:] or fast_s)  # best of the runs after the warm-up
     return {"results": runs, "speed-up": slow / max(fast, 1e-9), "slow ms": 1e3 * slow, "yours ms": 1e3 * fast,
-            "runs": len(fast_s)}
+            "runs": len(fast_s), "work": work, "slow ops": slow_work["ops"], "steps": int(sizes["steps"])}
 
 
 def compare_fast_train(expected, got, rtol: float = 0.0, atol: float = 0.0) -> list[str]:
@@ -123,14 +193,40 @@ def compare_fast_train(expected, got, rtol: float = 0.0, atol: float = 0.0) -> l
     if not isinstance(got, dict) or "results" not in got:
         return compare(expected, got, rtol, atol)
     problems = compare(expected["results"], got["results"], rtol, atol, path="results")
+    return problems + [p for p in _speed_and_fixes(expected, got).values() if p]
+
+
+def _speed_and_fixes(expected: dict, got: dict) -> dict[str, str | None]:
+    """The speed-up and each fix -> None when met, else what is wrong."""
     need, sp = expected["min speed-up"], got.get("speed-up")
+    out: dict[str, str | None] = {"speed-up": None}
     if not isinstance(sp, float):
-        problems.append("speed-up: not measured")
+        out["speed-up"] = "speed-up: not measured"
     elif not sp >= need:
-        problems.append(f"speed-up: {sp:.2f}x, measured by the grader: slow_train took {got['slow ms']:.1f} ms, "
-                        f"your fast_train {got['yours ms']:.1f} ms (best of {got['runs'] - 1} runs on fresh inputs); "
-                        f"at least {need:g}x is needed: profile slow_train and remove its biggest costs")
-    return problems
+        out["speed-up"] = (f"speed-up: {sp:.2f}x, measured by the grader: slow_train took {got['slow ms']:.1f} ms, "
+                           f"your fast_train {got['yours ms']:.1f} ms (best of {got['runs'] - 1} runs on fresh "
+                           f"inputs); at least {need:g}x is needed: profile slow_train and remove its biggest costs")
+    work = got.get("work")
+    if not isinstance(work, dict) or not all(isinstance(work.get(k), int) for k in ("scalar reads", "element reads",
+                                                                                    "copies", "ops")):
+        return out | {k: "not measured" for k in FIXES}
+    found = fixes(work, int(got["slow ops"]), int(got["steps"]))
+    return out | {k: (f"{k}: {v}" if v else None) for k, v in found.items()}
+
+
+FIXES = ("clip", "sync", "copies", "ops")
+
+
+def score_fast_train(expected: dict, got) -> tuple[float, list[str], dict]:
+    """Zero unless the results are right; then an equal share for the speed-up and for each fix made."""
+    if not isinstance(got, dict) or "results" not in got:
+        return 0.0, compare(expected, got) or ["no results"], {}
+    wrong = compare(expected["results"], got["results"], TOL, TOL / 10, path="results")
+    if wrong:
+        return 0.0, wrong, {}
+    checks = _speed_and_fixes(expected, got)
+    missing = [p for p in checks.values() if p]
+    return (len(checks) - len(missing)) / len(checks), missing, {}
 
 
 def fast_train_case(about: str, sizes: dict, hyper: dict, seeds: list[int], device: str,
@@ -161,4 +257,5 @@ def visible_fast_train() -> list[dict]:
                             dev)]
 
 
-FUNCTIONS = [Function("fast_train", call_fast_train, visible_fast_train, compare=compare_fast_train)]
+FUNCTIONS = [Function("fast_train", call_fast_train, visible_fast_train, compare=compare_fast_train,
+                      score=score_fast_train)]

@@ -27,7 +27,10 @@ class Function:
 
     call(fn, args) runs the student's `fn` on one case's args (plain data) and returns an observation;
     visible() makes the cases the notebook's check shows; the grader makes hidden ones with the same
-    helpers (solutions/graded/). compare(expected, got, rtol, atol) lists what differs.
+    helpers (solutions/graded/). compare(expected, got, rtol, atol) lists what differs. A case is passed
+    or failed, unless `score(expected, got)` gives (the fraction of its points earned, what to tell the
+    student, figures for the class leaderboard). `answers` names labkit objects that ARE the answer
+    ("labkit.batcher.launch_delay"): while this function is graded they are stubs that say so.
     """
 
     name: str
@@ -39,3 +42,6 @@ class Function:
     stage: Stage | None = None
     requires_triton: bool = False  # the notebook must define a @triton.jit kernel
     needs_gpu: bool = False  # graded only with a CUDA GPU and nvcc, else "needs GPU"
+    score: Callable[[Any, Any], tuple[float, list[str], dict]] | None = None  # points from a score
+    answers: tuple[str, ...] = ()  # dotted names of labkit objects that are this function's answer
+    min_timeout_s: float = 0.0  # its calls get at least this long, whatever --exercise-timeout (e.g. compiling)

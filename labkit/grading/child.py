@@ -19,7 +19,7 @@ import types
 from pathlib import Path
 from typing import Any, Callable
 
-from labkit.grading import seal
+from labkit.grading import answers, seal
 from labkit.grading.guard import install_guard
 
 
@@ -82,7 +82,8 @@ def _grade_function(ns: dict, name: str, call: Callable, todo: list[dict], timeo
         _set_alarm(timeout)
         for case in todo:
             try:
-                out.append({"obs": call(fn, case["args"])})
+                with answers.grading(name):  # labkit's own answer to `name` refuses to run now
+                    out.append({"obs": call(fn, case["args"])})
             except ExerciseTimeout:
                 raise
             except BaseException as exc:
@@ -124,6 +125,12 @@ def main(in_dir: str, out_dir: str) -> None:
     for prepare in dict.fromkeys(f.prepare for f in fns.values() if f.prepare is not None):
         prepare(job["device"])
     callers = {name: f.call for name, f in fns.items()}
+    nb_of = {name: nb["name"] for nb in job["notebooks"] for name in nb["functions"]}
+    owned: dict[str, dict[str, str]] = {}
+    for name, f in fns.items():
+        for dotted in f.answers:
+            owned.setdefault(dotted, {})[name] = nb_of[name]
+    answers.install(owned)  # before student code: its imports get the stubs
     describe = _describer(describe_error)
     if job.get("rlimit_as"):  # address space beyond what torch and triton mapped on import (not with CUDA)
         extra = _vm_size() + job["memory_mb"] * 2**20
@@ -155,7 +162,8 @@ def main(in_dir: str, out_dir: str) -> None:
         for name in nb["functions"]:
             emit(ev="fn_start", nb=nb["name"], fn=name)
             todo = cases.get(name, [])
-            results = _grade_function(ns, name, callers[name], todo, job["exercise_timeout"], describe)
+            limit = max(job["exercise_timeout"], fns[name].min_timeout_s)
+            results = _grade_function(ns, name, callers[name], todo, limit, describe)
             try:
                 mac = seal.write(key, out_dir, name, {"cases": results}, save, replace)
             except BaseException as exc:

@@ -26,7 +26,7 @@ from pathlib import Path
 from labkit import cuda
 from labkit.grading import safeio, sandbox
 from labkit.grading.judge import Outcome
-from labkit.grading.report import StudentReport, fmt_points, write_reports
+from labkit.grading.report import StudentReport, fmt_points, publish, write_reports
 from labkit.grading.specs import default_seed, load_specs, make_cases
 from labkit.grading.student import Context, grade_student
 from labkit.grading.submissions import find_submissions, match_notebooks
@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["auto", "cpu"], default="auto", help="cpu: grade without the GPU")
     ap.add_argument("--shard", type=parse_shard, default=None, metavar="K/N",
                     help="grade only share K of N (deterministic); join the outputs with `labkit grade merge`")
+    ap.add_argument("--leaderboard", type=Path, default=None, metavar="FILE",
+                    help="also write the class leaderboard (scored exercises, e.g. 13_capstone: tokens/s, speed-up, "
+                         "loss, points, ranked by speed-up) to FILE; it is always written as --out/leaderboard.csv")
     ap.add_argument("--unsafe-no-sandbox", action="store_true",
                     help="run students' code without bubblewrap (only for submissions you trust)")
     args = ap.parse_args(argv)
@@ -97,6 +100,18 @@ def main(argv: list[str] | None = None) -> int:
                        (subs_dir, out_dir, "the submissions folder is inside --out")):
         if a == b or a.is_relative_to(b):
             ap.error(f"{what}: put them side by side (e.g. submissions/ and grades/)")
+    board_file = None
+    if args.leaderboard is not None:
+        try:
+            board_file = safeio.real_dir(args.leaderboard.parent, "--leaderboard's folder") / args.leaderboard.name
+        except OSError as exc:
+            ap.error(str(exc))
+        if board_file.parent.is_relative_to(subs_dir) or board_file.parent.is_relative_to(graded):
+            ap.error("--leaderboard is inside the submissions or graded folder: a student's file is never overwritten; "
+                     "write it next to --out")
+        if board_file.name in ("", ".", "..") or board_file.parent == out_dir and board_file.name in (
+                "grades.csv", "feedback", "shard.json"):
+            ap.error(f"--leaderboard {args.leaderboard}: name a file of its own (e.g. leaderboard.csv)")
 
     import torch
 
@@ -181,10 +196,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(one, enumerate(subs)))
-        write_reports(out_dir, reports, columns, "a GPU" if gpu else "the CPU", manifest)
+        board = write_reports(out_dir, reports, columns, "a GPU" if gpu else "the CPU", manifest)
+        if board is not None and board_file is not None and board_file != out_dir / "leaderboard.csv":
+            publish(board_file.parent, {board_file.name: board})  # staged, renamed into place, no link followed
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
     print(f"wrote {out_dir / 'grades.csv'} and {len(reports)} feedback file(s) in {out_dir / 'feedback'}")
+    if board is not None:
+        print(f"wrote the leaderboard: {out_dir / 'leaderboard.csv'}"
+              + (f" and {board_file}" if board_file is not None and board_file != out_dir / "leaderboard.csv" else ""))
+    elif board_file is not None:
+        print("labkit grade: no scored exercise (e.g. 13_capstone) was graded: no leaderboard written")
     return 0
 
 

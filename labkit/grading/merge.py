@@ -2,7 +2,8 @@
 
 Each shard's folder holds grades.csv, feedback/ and shard.json (which share it graded, of which
 roster). The merge refuses shards of different rosters, seeds or columns, a share given twice or
-missing, and a student in two shards; it writes one grades.csv and one feedback folder.
+missing, and a student in two shards; it writes one grades.csv and one feedback folder (and one
+leaderboard.csv when the shards wrote theirs).
 """
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ import sys
 from pathlib import Path
 
 from labkit.grading import safeio
-from labkit.grading.report import publish
+from labkit.grading.report import leaderboard_csv, publish
 
 MAX_CSV = 64 * 2**20
 
 
 def merge(shard_dirs: list[Path], out: Path) -> int:
     """Merge the shards into `out`; returns the number of students. ValueError says what is wrong."""
-    manifests, headers, rows, feedback = {}, set(), [], {}
+    manifests, headers, rows, feedback, board = {}, set(), [], {}, None
     for d in shard_dirs:
         try:
             m = json.loads(safeio.read_bytes(d / "shard.json", 2**24))
@@ -38,6 +39,12 @@ def merge(shard_dirs: list[Path], out: Path) -> int:
         rows += table[1:]
         for student in m["students"]:
             feedback[student] = safeio.read_bytes(d / "feedback" / f"{student}.md", 2**24).decode("utf-8")
+        try:
+            lb = list(csv.DictReader(io.StringIO(safeio.read_bytes(d / "leaderboard.csv", MAX_CSV).decode("utf-8"))))
+        except FileNotFoundError:
+            lb = None
+        if lb is not None:
+            board = (board or []) + [{k: v for k, v in r.items() if k != "rank"} for r in lb]
     first = next(iter(manifests.values()))[1]
     for what in ("of", "roster", "roster_size", "seed", "columns"):
         values = {json.dumps(m[what]) for _, m in manifests.values()}
@@ -62,7 +69,10 @@ def merge(shard_dirs: list[Path], out: Path) -> int:
     w = csv.writer(buf)
     w.writerow(next(iter(headers)))
     w.writerows(sorted(rows, key=lambda r: r[0]))
-    publish(out, {"grades.csv": buf.getvalue(), **{f"feedback/{s}.md": t for s, t in feedback.items()}})
+    files = {"grades.csv": buf.getvalue(), **{f"feedback/{s}.md": t for s, t in feedback.items()}}
+    if board is not None:  # the shards' leaderboards, ranked again as one class
+        files["leaderboard.csv"] = leaderboard_csv(board)
+    publish(out, files)
     return len(seen)
 
 

@@ -49,15 +49,54 @@ def grades_csv(reports: list[StudentReport], columns: list[FnSpec]) -> str:
     return buf.getvalue()
 
 
+LEADERBOARD = ["rank", "student", "submission", "function", "tokens_per_s", "speedup", "loss", "points", "out_of",
+               "note"]
+
+
+def leaderboard_rows(reports: list[StudentReport], columns: list[FnSpec]) -> list[dict]:
+    """One row per student and scored function they submitted: their figures, their points (unranked)."""
+    rows = []
+    for r in reports:
+        for s in columns:
+            o = r.outcomes[s.name]
+            if s.fn.score is None or o.score is None or o.status == "not submitted":
+                continue
+            d = o.details
+            fig = {k: (f"{d[k]:.6g}" if isinstance(d.get(k), (int, float)) else "") for k in ("tokens_per_s", "speedup",
+                                                                                            "loss")}
+            note = "" if d else (o.messages[0] if o.messages else o.status)
+            rows.append({"student": r.student, "submission": r.original or r.student, "function": s.name, **fig,
+                         "points": fmt_points(o.score), "out_of": fmt_points(s.points), "note": note[:300]})
+    return rows
+
+
+def leaderboard_csv(rows: list[dict]) -> str:
+    """leaderboard.csv: ranked by speed-up (the fastest first); results that scored zero for being wrong last."""
+    def key(row: dict):
+        return (row["speedup"] == "", -float(row["speedup"] or 0), row["function"], row["student"])
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, LEADERBOARD)
+    w.writeheader()
+    for rank, row in enumerate(sorted(rows, key=key), 1):
+        w.writerow({**row, "rank": rank if row["speedup"] else ""})
+    return buf.getvalue()
+
+
 def write_reports(out_dir: Path, reports: list[StudentReport], columns: list[FnSpec], device: str,
-                  manifest: dict | None = None) -> None:
-    """grades.csv, feedback/<student>.md (and shard.json), written into a folder made for them, then moved
-    into `out_dir`, replacing what was there (links and FIFOs included) without following anything."""
+                  manifest: dict | None = None) -> str | None:
+    """grades.csv, feedback/<student>.md (and shard.json, and leaderboard.csv when a scored function was
+    graded), written into a folder made for them, then moved into `out_dir`, replacing what was there
+    (links and FIFOs included) without following anything. Returns the leaderboard's text (or None)."""
     files = {f"feedback/{r.student}.md": feedback_markdown(r, columns, device) for r in reports}
     files["grades.csv"] = grades_csv(reports, columns)
+    board = None
+    if any(s.fn.score is not None for s in columns):
+        files["leaderboard.csv"] = board = leaderboard_csv(leaderboard_rows(reports, columns))
     if manifest is not None:
         files["shard.json"] = json.dumps(manifest, indent=1)
     publish(out_dir, files)
+    return board
 
 
 def publish(out_dir: Path, files: dict[str, str]) -> None:
@@ -93,7 +132,12 @@ def feedback_markdown(r: StudentReport, columns: list[FnSpec], device: str) -> s
         o = r.outcomes[s.name]
         score = NEEDS_GPU if o.score is None else f"{fmt_points(o.score)} / {fmt_points(s.points)}"
         lines.append(f"| {s.notebook} | `{s.name}` | {score} | {o.status} |")
-    problems = [s for s in columns if r.outcomes[s.name].status not in ("ok", NEEDS_GPU, "not submitted")]
+    scored = [s for s in columns if s.fn.score is not None and (r.outcomes[s.name].score or 0) > 0]
+    if scored:  # points from a score (e.g. a speed-up): what was measured, and what the next points need
+        lines += ["", "## Scores"] + [f"- `{s.name}` ({s.notebook}): {m}" for s in scored
+                                     for m in r.outcomes[s.name].messages]
+    problems = [s for s in columns if r.outcomes[s.name].status not in ("ok", NEEDS_GPU, "not submitted")
+                and s not in scored]
     if problems:
         lines += ["", "## What went wrong"]
         for s in problems:

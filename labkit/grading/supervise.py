@@ -37,6 +37,7 @@ def child_env(limits: Limits, scratch: Path, device: str, cuda_visible: str | No
         "LABKIT_QUICK": "1", "LABKIT_DEVICE": device, "LABKIT_CACHE": str(scratch / "cache"),
         "TRITON_CACHE_DIR": str(scratch / "triton"), "TORCH_EXTENSIONS_DIR": str(scratch / "ext"),
         "OMP_NUM_THREADS": str(limits.threads), "MKL_NUM_THREADS": str(limits.threads), "MALLOC_ARENA_MAX": "2",
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",  # torch.compile in this process: its worker pool would start programs
     })
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"

@@ -1,0 +1,258 @@
+"""Exercise 13, capstone: `make_trainer(run, corpus, device)`, the baseline training loop made fast.
+
+The student's trainer has the baseline's interface: `.step()` trains on the next batch, `.losses()` the
+loss of each of the first `run.steps` steps, `.model(idx)` the logits. The grader runs it in the grading
+child on its own seeds (new weights, corpus and batch order each round, never shown to the student):
+a warm-up round (compilation, autotuning: within WARMUP_BUDGET_S), then ROUNDS timed rounds, each
+`make_trainer` + `run.steps` steps + `losses()`, alternating with the grader's own BaselineTrainer on the
+same seeds. Every round must train the baseline's model (capstone.score: the loss after N steps, the
+loss curve, the trained model's outputs on held-out text, against the parent's own baseline run); then
+points by the speed-up over the baseline (THRESHOLDS, per device), and a wrong result scores zero.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from labkit.capstone.data import Corpus, Windows, make_corpus
+from labkit.capstone.model import GPT, GPTConfig
+from labkit.capstone.score import Measured, final, points_for, score
+from labkit.capstone.train import LoopAdamW, RunConfig
+from labkit.exercises.ex11_profiling import one_thread
+from labkit.exercises.inputs import here
+from labkit.exercises.observe import snapshot
+from labkit.exercises.spec import Function
+
+NOTEBOOK = "13_capstone"
+ROUNDS = 5  # timed rounds per side, after one warm-up round each
+# speed-up over the baseline -> points (the highest reached counts). On a CPU (quick mode) the model is tiny
+# and there are no tensor cores, bf16 or CUDA graphs: the steps that pay there (no DataLoader, no per-step
+# sync, a fused optimizer, SDPA) buy less, so the thresholds are lower.
+THRESHOLDS = {"cuda": ((0.8, 1), (1.5, 2), (2.0, 3), (4.0, 4)),
+              "cpu": ((0.7, 1), (1.15, 2), (1.3, 3), (1.6, 4))}
+MAX_POINTS = 4
+WARMUP_BUDGET_S = {"cuda": 120.0, "cpu": 60.0}  # the warm-up round: make_trainer, compile and N steps
+# the trained model's held-out logits vs the baseline model's (relative L2). The logits start near zero, so this
+# is relative to what training changed: bf16 rounding moves it by about a percent at CPU sizes; a frozen block
+# by a fifth, a skipped backward every other step by half (capstone.score's own default is looser)
+OUTPUT_RTOL = {"cuda": 0.08, "cpu": 0.05}
+BASELINE_SLACK = 2.0  # the baseline in the student's process may run at most this much slower than the grader's
+SIZES = {  # the workload: model, batch, N steps, corpus windows (a multiple of the batch)
+    "cpu": {"model": {"seq": 32, "d_model": 64, "heads": 4, "layers": 2}, "batch": 8, "steps": 20, "windows": 32},
+    "cuda": {"model": {"seq": 256, "d_model": 384, "heads": 6, "layers": 4}, "batch": 16, "steps": 100,
+             "windows": 128},
+}
+HELD_OUT = 4  # held-out windows the trained model is evaluated on
+
+# Bound on import (the grader imports this before any student code runs).
+_CLOCK, _SYNC = time.perf_counter, torch.cuda.synchronize
+
+
+class BaselineTrainer:
+    """The beginner's loop (notebook 13's baseline): a default DataLoader on the CPU, each batch copied from
+    pageable memory, fp32, naive attention, a Python-loop AdamW, and `loss.item()` every step for the log."""
+
+    def __init__(self, run: RunConfig, corpus: Corpus, device: torch.device | str):
+        self.run, self.device = run, torch.device(device)
+        self.model = GPT(run.model, attention="naive", pad=1, seed=run.seed).to(self.device)
+        self.opt = LoopAdamW(self.model.parameters(), lr=run.lr)
+        self.loader = torch.utils.data.DataLoader(Windows(corpus), batch_size=run.batch, shuffle=True,
+                                                  drop_last=True, generator=torch.Generator().manual_seed(run.seed))
+        self.batches = iter(self.loader)
+        self.logged: list[float] = []
+
+    def step(self) -> None:
+        try:
+            x, y = next(self.batches)
+        except StopIteration:  # a new epoch, reshuffled
+            self.batches = iter(self.loader)
+            x, y = next(self.batches)
+        x, y = x.to(self.device), y.to(self.device)
+        loss = self.model(x, y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        self.logged.append(loss.item())  # the host waits here for the device, every step
+
+    def losses(self) -> list[float]:
+        return self.logged[: self.run.steps]
+
+
+def workload(sizes: dict, seed: int) -> tuple[RunConfig, Corpus, torch.Tensor]:
+    """The run, its training corpus and the held-out windows (inputs, targets stacked: (2, HELD_OUT, seq))."""
+    seq = sizes["model"]["seq"]
+    corpus = make_corpus(sizes["windows"], seq, seed)
+    run = RunConfig(GPTConfig(vocab=corpus.vocab, **sizes["model"]), batch=sizes["batch"], steps=sizes["steps"],
+                    windows=sizes["windows"], seed=seed)
+    held = make_corpus(HELD_OUT, seq, seed + 1)
+    ds = Windows(held)
+    xy = torch.stack([torch.stack([ds[i][j] for i in range(HELD_OUT)]) for j in (0, 1)])
+    return run, corpus, xy
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        _SYNC()
+
+
+@torch.no_grad()
+def _logits(model: torch.nn.Module, x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The trained model's logits on held-out windows, in fp32 and eager (the grader's own evaluation)."""
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    model = getattr(model, "_orig_mod", model)  # torch.compile
+    was = model.training
+    model.eval()
+    out = model(x.to(device))
+    model.train(was)
+    return out.float().cpu()
+
+
+def one_round(make, run: RunConfig, corpus: Corpus, held_xy: torch.Tensor, device: torch.device) -> dict:
+    """Time make(run, corpus, device), run.steps steps and losses(); then the trained model's held-out logits."""
+    _sync(device)
+    t0 = _CLOCK()
+    trainer = make(run, corpus, device)
+    for _ in range(run.steps):
+        trainer.step()
+    losses = [float(x) for x in trainer.losses()]  # on the host: the time includes fetching them
+    _sync(device)
+    seconds = _CLOCK() - t0
+    return {"seconds": seconds, "losses": losses, "logits": _logits(trainer.model, held_xy[0], device)}
+
+
+def call_make_trainer(fn, args):
+    """A warm-up round and ROUNDS timed rounds of `fn` and of the baseline, alternating, on the case's seeds."""
+    device = torch.device(args["device"])
+    work = [workload(args["sizes"], s) for s in args["seeds"]]
+    mine, base = [], []
+    with one_thread(device.type == "cpu"):
+        for i, (run, corpus, held) in enumerate(work):
+            for who in (("base", "mine") if i % 2 == 0 else ("mine", "base")):
+                if who == "mine":
+                    mine.append(one_round(fn, run, corpus, held, device))
+                else:
+                    r = one_round(BaselineTrainer, run, corpus, held, device)
+                    base.append(r["seconds"])
+    return {"rounds": [{"losses": r["losses"], "logits": snapshot(r["logits"])} for r in mine],
+            "seconds": [r["seconds"] for r in mine], "baseline seconds": base}
+
+
+def capstone_case(about: str, sizes: dict, seeds: list[int], device: str) -> dict:
+    """The case: the baseline's losses and held-out logits for each seed (run here), its time, the thresholds."""
+    dev = torch.device(device)
+    rounds, seconds = [], []
+    with one_thread(dev.type == "cpu"):
+        for run, corpus, held in (workload(sizes, s) for s in seeds):
+            r = one_round(BaselineTrainer, run, corpus, held, dev)
+            rounds.append({"losses": r["losses"], "logits": snapshot(r["logits"]), "targets": snapshot(held[1])})
+            seconds.append(r["seconds"])
+    kind = dev.type
+    return {"about": about, "args": {"sizes": sizes, "seeds": seeds, "device": device},
+            "expected": {"rounds": rounds, "measured": {"baseline seconds": statistics.median(seconds[1:] or seconds)},
+                         "tokens per round": sizes["steps"] * sizes["batch"] * sizes["model"]["seq"],
+                         "thresholds": THRESHOLDS[kind], "warm-up budget s": WARMUP_BUDGET_S[kind],
+                         "output rtol": OUTPUT_RTOL[kind]}}
+
+
+def _tensor(x) -> torch.Tensor | None:
+    """A tensor from an observation (observe.snapshot's {"__tensor__": ...}), else None."""
+    t = x.get("__tensor__") if isinstance(x, dict) else x
+    return t if isinstance(t, torch.Tensor) else None
+
+
+def _measured(rnd: dict, targets: torch.Tensor, tokens_per_s: float, warmup_s: float,
+              reference: torch.Tensor | None) -> Measured:
+    logits = _tensor(rnd.get("logits"))
+    if not isinstance(logits, torch.Tensor) or logits.shape[:2] != targets.shape or logits.dim() != 3:
+        raise ValueError(f"the trained model's logits on held-out text have the wrong shape "
+                         f"({tuple(getattr(logits, 'shape', ()))}; expected {tuple(targets.shape)} x vocabulary): "
+                         f"`trainer.model(idx)` must return the logits, (batch, seq, vocab)")
+    logits = logits.float()
+    eval_loss = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)))
+    rel = 0.0 if reference is None else float((logits - reference).norm() / reference.norm())
+    return Measured(tokens_per_s, tuple(float(x) for x in rnd["losses"]), eval_loss, warmup_s, rel)
+
+
+def score_capstone(expected: dict, got) -> tuple[float, list[str], dict]:
+    """(fraction of the points, notes, leaderboard figures): zero unless every round trained the baseline's model."""
+    if not isinstance(got, dict) or not {"rounds", "seconds", "baseline seconds"} <= set(got):
+        return 0.0, [f"expected the grader's measurements, got {type(got).__name__}"], {}
+    exp_rounds, rounds = expected["rounds"], got["rounds"]
+    if len(rounds) != len(exp_rounds) or len(got["seconds"]) != len(exp_rounds):
+        return 0.0, [f"{len(rounds)} rounds measured for {len(exp_rounds)}"], {}
+    secs, base_secs = [float(s) for s in got["seconds"]], [float(s) for s in got["baseline seconds"]]
+    if len(base_secs) != len(secs) or not all(math.isfinite(s) and s > 0 for s in secs + base_secs):
+        return 0.0, ["no time measured"], {}
+    # each timed round next to the baseline's round on the same seed: the median of their ratios
+    limit = BASELINE_SLACK * expected["measured"]["baseline seconds"]
+    pairs = list(zip(secs, base_secs))[1:] or list(zip(secs, base_secs))
+    speedup = statistics.median(min(b, limit) / m for m, b in pairs)
+    tokens = expected["tokens per round"]
+    tps = tokens / statistics.median(m for m, _ in pairs)
+    base_tps = tps / speedup
+    notes = []
+    if statistics.median(b for _, b in pairs) > limit:
+        notes.append(f"the baseline ran {statistics.median(b for _, b in pairs) / limit * BASELINE_SLACK:.1f}x "
+                     f"slower in your notebook's process than in the grader's: your speed-up is measured against the "
+                     f"grader's time (x{BASELINE_SLACK:g})")
+    s = None
+    for i, (exp, rnd) in enumerate(zip(exp_rounds, rounds)):
+        targets = _tensor(exp["targets"])
+        base = _measured(exp, targets, base_tps, 0.0, None)
+        mine = _measured(rnd, targets, tps, secs[0] if i == 0 else 0.0, _tensor(exp["logits"]))
+        s = score(mine, base, output_rtol=expected["output rtol"], warmup_budget_s=expected["warm-up budget s"],
+                  thresholds=expected["thresholds"])
+        if not s.ok:
+            what = "the warm-up round" if i == 0 else f"timed round {i}"
+            return 0.0, [f"{what} (fresh seed): {s.reason}"], {}
+    pts = points_for(speedup, expected["thresholds"])
+    nxt = next((t for t, p in expected["thresholds"] if p > pts), None)
+    notes.append(f"{tps:,.0f} tokens/s, {speedup:.2f}x the baseline (median of {len(pairs)} rounds, each next to "
+                 f"the baseline's on the same seed): {pts} of {MAX_POINTS} points"
+                 + (f" (next at {nxt:g}x)" if nxt else ""))
+    details = {"tokens_per_s": tps, "speedup": speedup, "loss": final(rounds[-1]["losses"]),
+               "warmup_s": secs[0]}
+    return pts / MAX_POINTS, notes, details
+
+
+def compare_capstone(expected: dict, got, rtol: float = 0.0, atol: float = 0.0) -> list[str]:
+    """The check: what is wrong (nothing when the loop trains the baseline's model, however fast)."""
+    _, notes, figures = score_capstone(expected, got)  # figures only when every round trained the right model
+    return [] if figures else notes
+
+
+def visible_make_trainer() -> list[dict]:
+    dev = str(here())
+    kind = torch.device(dev).type
+    return [capstone_case(f"seeds 1-{ROUNDS + 1}, the {kind} workload", SIZES[kind], list(range(1, ROUNDS + 2)),
+                          dev)]
+
+
+def preview(make_trainer, device: str | None = None) -> float:
+    """Grade `make_trainer` here as the grader would on the visible seeds; print the verdict; the points."""
+    dev = device or str(here())
+    case = capstone_case("visible seeds", SIZES[torch.device(dev).type], list(range(1, ROUNDS + 2)), dev)
+    frac, notes, details = score_capstone(case["expected"], call_make_trainer(make_trainer, case["args"]))
+    _last["speedup"] = details.get("speedup", float("nan"))
+    for n in notes:
+        print(n)
+    return frac * MAX_POINTS
+
+
+_last: dict[str, float] = {}
+
+
+def last_speedup() -> float:
+    """The speed-up the last preview() measured (nan if it found the loop wrong)."""
+    return _last.get("speedup", float("nan"))
+
+
+# labkit's Trainer builds every fast variant of notebook 13: while make_trainer is graded it is a stub
+ANSWERS = ("labkit.capstone.train.Trainer", "labkit.capstone.train.run_variant", "labkit.capstone.train.measure",
+           "labkit.capstone.ddp.DDPTrainer")
+FUNCTIONS = [Function("make_trainer", call_make_trainer, visible_make_trainer, compare=compare_capstone,
+                      score=score_capstone, answers=ANSWERS, min_timeout_s=240.0)]  # compilation and 12 rounds

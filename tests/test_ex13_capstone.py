@@ -1,0 +1,196 @@
+"""Exercise 13 (the capstone): the grader times the student's training loop on its own seeds and scores
+the speed-up, gives the released baseline its points, and zero to a loop that skips work, trains another
+model, replays cached results or imports labkit's answer; the leaderboard ranks the class."""
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from labkit.capstone import Trainer, variant
+from labkit.exercises import ex13_capstone as ex13
+from labkit.grading import sandbox
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
+NB = "13_capstone"
+TINY = {"model": {"seq": 16, "d_model": 32, "heads": 2, "layers": 1}, "batch": 4, "steps": 10, "windows": 16}
+
+
+def src(cell: dict) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def edit(notebook: dict, old: str, new: str) -> dict:
+    notebook = json.loads(json.dumps(notebook))
+    hits = [c for c in notebook["cells"] if c["cell_type"] == "code" and old in src(c)]
+    assert len(hits) == 1, f"{old!r} found in {len(hits)} cells"
+    hits[0]["source"] = src(hits[0]).replace(old, new)
+    return notebook
+
+
+def append(notebook: dict, code: str) -> dict:
+    notebook = json.loads(json.dumps(notebook))
+    notebook["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                              "source": code, "id": f"added{len(notebook['cells'])}"})
+    return notebook
+
+
+SOLUTION = json.loads((SOLUTIONS / f"{NB}.ipynb").read_text())
+CHEATS = {
+    # every other step runs the forward only: no backward, no update
+    "skipper": edit(SOLUTION, "        loss.backward()\n        self.opt.step()\n",
+                    "        if self.i % 2 == 0:\n            loss.backward()\n            self.opt.step()\n"),
+    # the first block never trains
+    "freezer": edit(SOLUTION, "        self.opt = torch.optim.AdamW(self.model.parameters(),",
+                    "        self.model.blocks[0].requires_grad_(False)\n"
+                    "        self.opt = torch.optim.AdamW(self.model.parameters(),"),
+    # trains once, then hands back the stored losses and model: nothing computed in the timed rounds
+    "cacher": append(SOLUTION, "_kept = {}\n\n\nclass Replay:\n    def __init__(self, t):\n"
+                               "        self.model, self.kept = t.model, t.losses()\n\n    def step(self):\n"
+                               "        pass\n\n    def losses(self):\n        return self.kept\n\n\n"
+                               "def make_trainer(run, corpus, device):\n    if 'trainer' not in _kept:\n"
+                               "        t = FastTrainer(run, corpus, device)\n        for _ in range(run.steps):\n"
+                               "            t.step()\n        _kept['trainer'] = t\n"
+                               "    return Replay(_kept['trainer'])\n"),
+    # notebook 13's answer, imported
+    "importer": append(SOLUTION, "from labkit.capstone import Trainer, variant\n\n\n"
+                                 "def make_trainer(run, corpus, device):\n"
+                                 "    return Trainer(variant('device_data'), run, corpus, device)\n"),
+}
+
+
+def test_the_baseline_trainer_is_notebook_13s_baseline():
+    run, corpus, held = ex13.workload(TINY, 3)
+    a = ex13.one_round(ex13.BaselineTrainer, run, corpus, held, torch.device("cpu"))
+    b = ex13.one_round(lambda r, c, d: Trainer(variant("baseline"), r, c, d), run, corpus, held, torch.device("cpu"))
+    assert a["losses"] == b["losses"] and torch.equal(a["logits"], b["logits"])
+
+
+def test_scores_follow_the_thresholds_and_a_wrong_round_scores_zero():
+    case = ex13.capstone_case("tiny", TINY, [1, 2, 3, 4], "cpu")
+    exp = case["expected"]
+    got = {"rounds": [{"losses": r["losses"], "logits": r["logits"]} for r in exp["rounds"]],
+           "seconds": [1.0] * 4, "baseline seconds": [1.0] * 4}
+    slowest_base = ex13.BASELINE_SLACK * exp["measured"]["baseline seconds"]
+    got["baseline seconds"] = [min(1.0, slowest_base)] * 4
+    for speedup, points in ((1.0, 1), (1.2, 2), (1.4, 3), (10.0, 4), (0.5, 0)):
+        frac, notes, details = ex13.score_capstone(exp, dict(got, seconds=[got["baseline seconds"][0] / speedup] * 4))
+        assert frac * ex13.MAX_POINTS == points, notes
+        assert details["speedup"] == pytest.approx(speedup)
+    wrong = json.loads(json.dumps({k: v for k, v in got.items() if k != "rounds"}))
+    wrong["rounds"] = [dict(r) for r in got["rounds"]]
+    wrong["rounds"][2] = wrong["rounds"][1]  # another seed's losses and trained model, replayed
+    frac, notes, _ = ex13.score_capstone(exp, dict(wrong, seconds=[1e-3] * 4))
+    assert frac == 0 and "timed round 2" in notes[0]
+
+
+def test_a_baseline_slowed_down_in_the_students_process_does_not_inflate_the_speedup():
+    case = ex13.capstone_case("tiny", TINY, [1, 2, 3, 4], "cpu")
+    exp = case["expected"]
+    rounds = [{"losses": r["losses"], "logits": r["logits"]} for r in exp["rounds"]]
+    t = exp["measured"]["baseline seconds"]
+    _, notes, details = ex13.score_capstone(exp, {"rounds": rounds, "seconds": [t] * 4,
+                                                  "baseline seconds": [100 * t] * 4})
+    assert details["speedup"] == pytest.approx(ex13.BASELINE_SLACK) and "slower in your notebook" in notes[0]
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    base = tmp_path_factory.mktemp("capstone")
+    subs, out = base / "subs", base / "out"
+    notebooks = {"solution": SOLUTION, "exercise": json.loads((EXERCISES / f"{NB}.ipynb").read_text()), **CHEATS}
+    for student, content in notebooks.items():
+        (subs / student).mkdir(parents=True)
+        (subs / student / f"{NB}.ipynb").write_text(json.dumps(content))
+    (subs / "someone_else").mkdir()  # submitted another exercise only: not on the leaderboard
+    (subs / "someone_else" / "12_serving.ipynb").write_text((SOLUTIONS / "12_serving.ipynb").read_text())
+    board = base / "class" / "board.csv"
+    board.parent.mkdir()
+    cmd = [sys.executable, "-m", "labkit.cli", "grade", str(subs), "--out", str(out), "--only", NB, "--workers", "2",
+           "--timeout", "120", "--exercise-timeout", "60", "--device", "cpu", "--leaderboard", str(board)]
+    cmd += ["--unsafe-no-sandbox"] if sandbox.problem() else []
+    run = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    with open(out / "grades.csv", newline="") as f:
+        rows = {r["student"]: r for r in csv.DictReader(f)}
+    with open(out / "leaderboard.csv", newline="") as f:
+        leaderboard = list(csv.DictReader(f))
+    feedback = {p.stem: p.read_text() for p in (out / "feedback").glob("*.md")}
+    return rows, feedback, leaderboard, board.read_text()
+
+
+def test_the_solution_scores_and_the_released_baseline_scores_the_baseline_points(graded):
+    rows, feedback, _, _ = graded
+    first = ex13.THRESHOLDS["cpu"][0][1] / ex13.MAX_POINTS * 4  # the graded file gives make_trainer 4 points
+    assert float(rows["solution"]["make_trainer"]) >= first, feedback["solution"]
+    assert "tokens/s" in feedback["solution"] and "x the baseline" in feedback["solution"]
+    assert float(rows["exercise"]["make_trainer"]) == first, feedback["exercise"]
+
+
+@pytest.mark.parametrize("student, why", [("skipper", "loss"), ("freezer", "not trained from this start"),
+                                          ("cacher", "fresh seed"),
+                                          ("importer", "asks you to write")])
+def test_skipping_work_caching_and_importing_the_answer_score_zero(graded, student, why):
+    rows, feedback, _, _ = graded
+    assert rows[student]["make_trainer"] == "0", feedback[student]
+    assert why in feedback[student], feedback[student]
+
+
+def test_the_leaderboard_ranks_by_speedup_and_lists_wrong_results_last(graded):
+    rows, _, leaderboard, copy = graded
+    assert [r["student"] for r in leaderboard][:2] and {r["student"] for r in leaderboard} == set(rows) - {
+        "someone_else"}
+    ranked = [r for r in leaderboard if r["rank"]]
+    assert {r["student"] for r in ranked} == {"solution", "exercise"}
+    assert [float(r["speedup"]) for r in ranked] == sorted((float(r["speedup"]) for r in ranked), reverse=True)
+    assert all(float(r["tokens_per_s"]) > 0 and 1 < float(r["loss"]) < 5 for r in ranked)
+    assert {r["points"] for r in ranked} == {rows[r["student"]]["make_trainer"] for r in ranked}
+    zero = [r for r in leaderboard if not r["rank"]]
+    assert all(r["points"] == "0" and r["note"] for r in zero) and leaderboard[-len(zero):] == zero
+    assert copy.splitlines()[0].startswith("rank,student")
+
+
+def test_a_leaderboard_file_inside_the_submissions_is_refused(tmp_path):
+    subs = tmp_path / "subs"
+    (subs / "a").mkdir(parents=True)
+    (subs / "a" / f"{NB}.ipynb").write_text(json.dumps(SOLUTION))
+    before = (subs / "a" / f"{NB}.ipynb").read_text()
+    run = subprocess.run([sys.executable, "-m", "labkit.cli", "grade", str(subs), "--out", str(tmp_path / "out"),
+                          "--leaderboard", str(subs / "a" / f"{NB}.ipynb"), "--device", "cpu"], cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "never overwritten" in run.stderr
+    assert (subs / "a" / f"{NB}.ipynb").read_text() == before
+
+
+def test_merging_shards_ranks_their_leaderboards_as_one_class(tmp_path):
+    from labkit.grading import merge
+    from labkit.grading.report import LEADERBOARD
+
+    def shard(k: int, students: dict[str, str]) -> Path:
+        d = tmp_path / f"shard{k}"
+        (d / "feedback").mkdir(parents=True)
+        (d / "grades.csv").write_text("student,submission,make_trainer,total,out_of,notes\n"
+                                      + "".join(f"{s},{s},1,1,4,\n" for s in students))
+        for s in students:
+            (d / "feedback" / f"{s}.md").write_text(f"# {s}\n")
+        (d / "shard.json").write_text(json.dumps({"shard": k, "of": 2, "roster": "r", "roster_size": 3, "seed": 1,
+                                                  "students": list(students), "columns": ["make_trainer"]}))
+        with open(d / "leaderboard.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, LEADERBOARD)
+            w.writeheader()
+            for rank, (s, sp) in enumerate(students.items(), 1):
+                w.writerow({"rank": rank if sp else "", "student": s, "submission": s, "function": "make_trainer",
+                            "speedup": sp, "tokens_per_s": "1" if sp else "", "loss": "2" if sp else "",
+                            "points": "1" if sp else "0", "out_of": "4", "note": "" if sp else "wrong loss"})
+        return d
+
+    assert merge.merge([shard(1, {"ann": "1.2", "cid": ""}), shard(2, {"bo": "3.5"})], tmp_path / "all") == 3
+    with open(tmp_path / "all" / "leaderboard.csv", newline="") as f:
+        board = [(r["rank"], r["student"]) for r in csv.DictReader(f)]
+    assert board == [("1", "bo"), ("2", "ann"), ("", "cid")]
