@@ -2,7 +2,6 @@
 parsed, and `nsys` with its kernel summary; each says in one line why it made no report."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Sequence
 
 from labkit.ncu_report import NCU_METRICS, KernelLaunch, parse_ncu_csv
 from labkit.paths import COURSE_ROOT as ROOT
+from labkit.paths import child_env
 
 
 def ncu_command(target: Sequence[str], report: str | Path, nvtx_ranges: Sequence[str] = (),
@@ -56,7 +56,7 @@ def run_ncu(cmd: Sequence[str], timeout: float = 240) -> tuple[list[KernelLaunch
     if exe is None:
         return [], "ncu is not installed here (it comes with the CUDA toolkit or as Nsight Compute)"
     try:
-        run = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=timeout, env=_env())
+        run = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=timeout, env=child_env(ROOT))
     except subprocess.TimeoutExpired:
         return [], f"ncu did not finish within {timeout:.0f} s: select fewer kernels (--launch-count) or metrics"
     said = run.stdout + run.stderr
@@ -72,13 +72,6 @@ def run_ncu(cmd: Sequence[str], timeout: float = 240) -> tuple[list[KernelLaunch
     if not launches:
         return [], ncu_problem(said) or "ncu's report holds no kernel"
     return launches, f"ncu profiled {len(launches)} kernel launch(es) into {rep}"
-
-
-def _env() -> dict[str, str]:
-    """This environment, with the repository on PYTHONPATH so `python -m labkit...` works from any folder."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
 
 
 def export_csv(report: Path, exe: str = "ncu") -> str:
@@ -98,7 +91,7 @@ def run_nsys(target: Sequence[str], report: str | Path, timeout: float = 120) ->
     cmd = [exe, "profile", "--trace", "cuda,nvtx,osrt", "--sample", "none", "--force-overwrite", "true",
            "--output", str(report), *target]
     try:
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(ROOT))
     except subprocess.TimeoutExpired:
         return None, f"nsys did not finish within {timeout:.0f} s on this machine"
     rep = Path(str(report) + ".nsys-rep")

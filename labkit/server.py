@@ -11,12 +11,11 @@
 from __future__ import annotations
 
 import argparse
-import atexit
 import asyncio
+import atexit
 import contextlib
 import json
 import math
-import os
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from typing import Callable, Iterator
 import torch
 
 from labkit.batcher import Batcher, Closed, QueueFull, Stats
+from labkit.paths import child_env
 
 HOST = "127.0.0.1"
 READY = "labkit.server listening on "
@@ -236,9 +236,7 @@ class ServerProcess:
 @contextlib.contextmanager
 def launch(*args: str, start_timeout_s: float = 120.0) -> Iterator[ServerProcess]:
     """Start the server with command-line `args` (e.g. "--device", "cuda"), wait until it listens, stop it on exit."""
-    root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               PYTHONUNBUFFERED="1")
+    env = child_env(PYTHONUNBUFFERED="1")
     log = Path(tempfile.mkstemp(prefix="labkit-server-", suffix=".log")[1])
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "labkit.server", *args], stdout=out,

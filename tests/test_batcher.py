@@ -1,6 +1,5 @@
 """The dynamic batcher's edge cases, its policy, buckets, and the simulator that shares the policy."""
 import asyncio
-import os
 import subprocess
 import sys
 import threading
@@ -10,8 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from labkit.batcher import Batcher, Closed, QueueFull, bucket_for, bucket_sizes, launch_delay, pad_to
+from labkit.batcher import (
+    Batcher,
+    Closed,
+    QueueFull,
+    bucket_for,
+    bucket_sizes,
+    launch_delay,
+    pad_to,
+)
 from labkit.batchsim import curve, estimate_latency, poisson_arrivals, simulate
+from labkit.paths import child_env
 
 
 def run(coro, timeout=10):
@@ -228,10 +236,9 @@ asyncio.run(go())
 def test_the_model_thread_keeps_the_torch_thread_count_of_the_thread_that_made_the_batcher():
     """OpenMP thread counts are per thread: a model thread left at the default starts a spinning worker per core,
     which starved the event loop between batches (p50 of 20-50 ms for a 0.05 ms model at 60 requests/s)."""
-    root = Path(__file__).resolve().parent.parent
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env = {k: v for k, v in child_env().items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     out = subprocess.run([sys.executable, "-c", THREADS_CHILD], capture_output=True, text=True, timeout=120,
-                         check=False, env=env | {"PYTHONPATH": str(root)})
+                         check=False, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "1", f"threads started by serving 40 requests: {out.stdout} (want the model's 1)"
 

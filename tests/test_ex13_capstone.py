@@ -3,7 +3,6 @@ the speed-up, gives the released baseline its points, and zero to a loop that sk
 model, replays cached results or imports labkit's answer; the leaderboard ranks the class."""
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 from labkit.capstone import Trainer, variant
 from labkit.exercises import ex13_capstone as ex13
 from labkit.grading import sandbox
+from labkit.paths import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
@@ -114,7 +114,7 @@ def graded(tmp_path_factory):
     cmd = [sys.executable, "-m", "labkit.cli", "grade", str(subs), "--out", str(out), "--only", NB, "--workers", "2",
            "--timeout", "120", "--exercise-timeout", "60", "--device", "cpu", "--leaderboard", str(board)]
     cmd += ["--unsafe-no-sandbox"] if sandbox.problem() else []
-    run = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+    run = subprocess.run(cmd, cwd=ROOT, env=child_env(ROOT), capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     with open(out / "grades.csv", newline="") as f:
@@ -163,7 +163,7 @@ def test_a_leaderboard_file_inside_the_submissions_is_refused(tmp_path):
     before = (subs / "a" / f"{NB}.ipynb").read_text()
     run = subprocess.run([sys.executable, "-m", "labkit.cli", "grade", str(subs), "--out", str(tmp_path / "out"),
                           "--leaderboard", str(subs / "a" / f"{NB}.ipynb"), "--device", "cpu"], cwd=ROOT,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+                         env=child_env(ROOT), capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "never overwritten" in run.stderr
     assert (subs / "a" / f"{NB}.ipynb").read_text() == before
 

@@ -1,12 +1,12 @@
 """labkit.grading.answers: labkit objects that answer an exercise are stubs while that exercise is graded
 (in a subprocess: installing the stubs changes labkit's modules for the rest of the process)."""
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 from labkit import exercises
+from labkit.paths import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_stubs_refuse_only_while_their_function_is_graded():
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=child_env(ROOT),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
 
