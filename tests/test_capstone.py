@@ -77,13 +77,13 @@ def test_every_variant_trains_the_baseline_model(name, baseline):
     r = run_variant(v, RUN, DEV, CORPUS, time_it=False)
     assert len(r.losses) == RUN.steps and r.losses[0] == pytest.approx(baseline.losses[0], rel=1e-2)
     rel = abs(r.loss - baseline.loss) / baseline.loss
-    assert rel <= tolerance(v), f"{name}: loss {r.loss} vs baseline {baseline.loss} ({rel:.2e} > {tolerance(v):g})"
+    assert rel <= tolerance(v, DEV), f"{name}: loss {r.loss} vs baseline {baseline.loss} ({rel:.2e} > {tolerance(v, DEV):g})"
     assert r.loss < baseline.losses[0] - 0.1, "the model did not train"
 
 
 def test_a_step_that_changes_the_result_is_caught(baseline):
     wrong = run_variant(variant("baseline"), dataclasses.replace(RUN, lr=RUN.lr / 4), DEV, CORPUS, time_it=False)
-    assert abs(wrong.loss - baseline.loss) / baseline.loss > tolerance(variant("bf16"))
+    assert abs(wrong.loss - baseline.loss) / baseline.loss > tolerance(variant("bf16"), DEV)
 
 
 def test_gpu_only_variants_say_so_on_the_cpu():
@@ -102,4 +102,10 @@ def test_ddp_over_two_cpu_processes_trains_the_baseline_model(baseline, tmp_path
     from labkit.capstone import ddp
     out = ddp.launch(dataclasses.replace(RUN, compile_backend="inductor"), 2, tmp_path / "r.json", device="cpu")
     assert out["world"] == 2 and len(out["losses"]) == RUN.steps
-    assert abs(out["loss"] - baseline.loss) / baseline.loss <= tolerance(variant("ddp"))
+    assert abs(out["loss"] - baseline.loss) / baseline.loss <= tolerance(variant("ddp"), DEV)
+
+
+def test_every_variant_gets_the_gpu_floor_on_a_gpu_and_its_own_bound_elsewhere():
+    from labkit.capstone.train import FP32_RTOL, GPU_RTOL, LOW_RTOL
+    assert tolerance(variant("pinned"), "cpu") == FP32_RTOL and tolerance(variant("bf16"), "cpu") == LOW_RTOL
+    assert tolerance(variant("pinned"), "cuda") == tolerance(variant("bf16"), torch.device("cuda", 0)) == GPU_RTOL

@@ -159,9 +159,16 @@ FP32_RTOL = 1e-3   # same arithmetic, different order or place: the loss after N
 LOW_RTOL = 1e-2    # TF32 and bf16 round matmul inputs to 10 and 7 mantissa bits: the loss wanders, not drifts
 
 
-def tolerance(v: Variant) -> float:
-    """Relative tolerance of a variant's loss after N steps against the baseline's."""
-    return LOW_RTOL if (v.tf32 or v.bf16) else FP32_RTOL
+# On a GPU the same code does not repeat bit for bit (atomic adds, e.g. in the embedding's backward, land in a
+# different order each run) and N steps of training amplify the last bits: every variant there gets this bound,
+# and notebook 13 checks it against a second run of the baseline itself.
+GPU_RTOL = 3e-2
+
+
+def tolerance(v: Variant, device: torch.device | str = "cpu") -> float:
+    """Relative tolerance of a variant's loss after N steps against the baseline's, on `device`."""
+    here = LOW_RTOL if (v.tf32 or v.bf16) else FP32_RTOL
+    return max(here, GPU_RTOL) if torch.device(device).type == "cuda" else here
 
 
 def final_loss(losses: list[float]) -> float:

@@ -36,10 +36,18 @@ THRESHOLDS = {"cuda": ((0.8, 1), (1.5, 2), (2.0, 3), (4.0, 4)),
               "cpu": ((0.7, 1), (1.15, 2), (1.3, 3), (1.6, 4))}
 MAX_POINTS = 4
 WARMUP_BUDGET_S = {"cuda": 120.0, "cpu": 60.0}  # the warm-up round: make_trainer, compile and N steps
-# the trained model's held-out logits vs the baseline model's (relative L2). The logits start near zero, so this
-# is relative to what training changed: bf16 rounding moves it by about a percent at CPU sizes; a frozen block
-# by a fifth, a skipped backward every other step by half (capstone.score's own default is looser)
-OUTPUT_RTOL = {"cuda": 0.08, "cpu": 0.05}
+# How far a round may sit from the grader's baseline on the same seed: the loss after N steps, every tenth step
+# of the loss curve, the held-out loss, and the trained model's held-out logits (relative L2; they start near
+# zero, so this is relative to what training changed). On a CPU the baseline repeats bit for bit: bf16 rounding
+# moves the logits by about a percent, a frozen block by a fifth, a skipped backward every other step by half.
+# On a GPU it does not repeat: atomic adds (the embedding's backward) land in a different order each run and
+# N steps of training amplify the last bits, so two runs of the same baseline differ there by about a percent
+# in the loss and a fifth in the logits. The GPU bounds sit between that, the bf16-and-compile solution's
+# distance and the cheats' (skipping updates or freezing a block moves the loss by a fifth, the logits by
+# three quarters): measured on an H200 with the same rounds (the baseline twice in one process and once in
+# another, the solution, those two cheats; two seeds).
+RTOL = {"cuda": {"loss": 0.10, "curve": 0.10, "eval": 0.10, "output": 0.50},
+        "cpu": {"loss": 0.01, "curve": 0.03, "eval": 0.01, "output": 0.05}}
 BASELINE_SLACK = 2.0  # the baseline in the student's process may run at most this much slower than the grader's
 SIZES = {  # the workload: model, batch, N steps, corpus windows (a multiple of the batch)
     "cpu": {"model": {"seq": 32, "d_model": 64, "heads": 4, "layers": 2}, "batch": 8, "steps": 20, "windows": 32},
@@ -155,7 +163,7 @@ def capstone_case(about: str, sizes: dict, seeds: list[int], device: str) -> dic
             "expected": {"rounds": rounds, "measured": {"baseline seconds": statistics.median(seconds[1:] or seconds)},
                          "tokens per round": sizes["steps"] * sizes["batch"] * sizes["model"]["seq"],
                          "thresholds": THRESHOLDS[kind], "warm-up budget s": WARMUP_BUDGET_S[kind],
-                         "output rtol": OUTPUT_RTOL[kind]}}
+                         "rtol": RTOL[kind]}}
 
 
 def _tensor(x) -> torch.Tensor | None:
@@ -204,7 +212,9 @@ def score_capstone(expected: dict, got) -> tuple[float, list[str], dict]:
         targets = _tensor(exp["targets"])
         base = _measured(exp, targets, base_tps, 0.0, None)
         mine = _measured(rnd, targets, tps, secs[0] if i == 0 else 0.0, _tensor(exp["logits"]))
-        s = score(mine, base, output_rtol=expected["output rtol"], warmup_budget_s=expected["warm-up budget s"],
+        tol = expected["rtol"]
+        s = score(mine, base, loss_rtol=tol["loss"], curve_rtol=tol["curve"], eval_rtol=tol["eval"],
+                  output_rtol=tol["output"], warmup_budget_s=expected["warm-up budget s"],
                   thresholds=expected["thresholds"])
         if not s.ok:
             what = "the warm-up round" if i == 0 else f"timed round {i}"
