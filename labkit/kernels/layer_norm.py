@@ -252,12 +252,15 @@ def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Time
                  min_bytes((M, N), dtype))
 
 
-def _bench_fb(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+def _grad_inputs(dims: tuple[int, ...], dtype: torch.dtype) -> tuple:
+    """(M, N, x, w, b, dy) for a backward benchmark: x, w, b require grad."""
     M, N = rows_cols(dims)
-    x, w, b = randn(M, N, dtype=dtype), randn(N, dtype=dtype), randn(N, dtype=dtype)
-    dy = randn(M, N, dtype=dtype)
-    for t in (x, w, b):
-        t.requires_grad_(True)
+    x, w, b = (randn(M, N, dtype=dtype), randn(N, dtype=dtype), randn(N, dtype=dtype))
+    return (M, N, *(t.requires_grad_(True) for t in (x, w, b)), randn(M, N, dtype=dtype))
+
+
+def _bench_fb(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
+    M, N, x, w, b, dy = _grad_inputs(dims, dtype)
 
     def fb(fn):  # forward and backward through autograd, as in training
         return (lambda: torch.autograd.grad(fn(x, w, b), (x, w, b), dy)) if fn is not None else None
@@ -268,11 +271,7 @@ def _bench_fb(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> T
 
 
 def _bench_bwd(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
-    M, N = rows_cols(dims)
-    x, w, b = randn(M, N, dtype=dtype), randn(N, dtype=dtype), randn(N, dtype=dtype)
-    dy = randn(M, N, dtype=dtype)
-    for t in (x, w, b):
-        t.requires_grad_(True)
+    M, N, x, w, b, dy = _grad_inputs(dims, dtype)
     return Timed(f"{M}x{N}", grad_fn(layer_norm, (x, w, b), dy),
                  {"eager": grad_fn(reference, (x, w, b), dy),
                   "compile": grad_fn(maybe_compile(reference, use_compile), (x, w, b), dy),
