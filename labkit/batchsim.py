@@ -78,7 +78,7 @@ def simulate(arrivals: np.ndarray, batch_time: Callable[[int], float], max_batch
     done = np.empty(n)
     sizes, launches = [], []
     head, nxt, now, busy = 0, 0, 0.0, 0.0  # queue = a[head:nxt]; the model is free at `now`
-    steps, max_steps = 0, 8 * n + 64  # each step takes in an arrival, runs out a timer or launches
+    steps, max_steps = 0, 64 * n + 4096  # a launch_delay policy needs about 3 steps per request
     while head < n:
         steps += 1
         if steps > max_steps:  # a policy that never launches (or a bug) must not hang a notebook
