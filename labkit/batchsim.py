@@ -78,7 +78,12 @@ def simulate(arrivals: np.ndarray, batch_time: Callable[[int], float], max_batch
     done = np.empty(n)
     sizes, launches = [], []
     head, nxt, now, busy = 0, 0, 0.0, 0.0  # queue = a[head:nxt]; the model is free at `now`
+    steps, max_steps = 0, 64 * n + 4096  # a launch_delay policy needs about 3 steps per request
     while head < n:
+        steps += 1
+        if steps > max_steps:  # a policy that never launches (or a bug) must not hang a notebook
+            raise RuntimeError(f"simulate: no progress after {max_steps} steps ({head} of {n} requests served, "
+                               f"now={now!r} s); check the policy returns 0 once max_delay_s has passed")
         if head == nxt and a[nxt] > now:  # nothing waits: jump to the next arrival
             now = a[nxt]
         while nxt < n and a[nxt] <= now:

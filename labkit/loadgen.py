@@ -7,6 +7,7 @@ its queue. Bounded in count and time, and only to 127.0.0.1 / localhost.
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import threading
 import time
@@ -199,6 +200,11 @@ async def run_async(url: str, rate: float, n: int, payload: Callable[[int], byte
     except ImportError:  # Windows has no such limit to ask
         pass
     pool = _Pool(parts.hostname, parts.port or 80, max_connections)
+    # A full garbage collection walks every object of the process (a notebook kernel holds millions):
+    # one in the send loop stalls the schedule by ~100 ms. The run is bounded, so collect now, pause after.
+    gc_was_on = gc.isenabled()
+    gc.collect()
+    gc.disable()
     try:
         tasks, lag, t0 = [], [], time.perf_counter()
         for i, t in enumerate(when):
@@ -214,6 +220,8 @@ async def run_async(url: str, rate: float, n: int, payload: Callable[[int], byte
         duration = time.perf_counter() - t0
     finally:
         pool.close()
+        if gc_was_on:
+            gc.enable()
     after = await loop.run_in_executor(None, _batch_sizes, base) if metrics else {}
     formed = Counter({int(k): v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0})
     return LoadResult(rate, len(tasks), duration, np.asarray(out["lat"]), out["rejected"], out["errors"],

@@ -74,6 +74,14 @@ class Runner:
             static_out = self.fn(static_in)
         return graph, static_in, static_out
 
+    def warm(self, sizes: Iterable[int], reps: int = 2) -> None:
+        """Run each batch size `reps` times on random inputs: a shape's first eager run (cuBLAS picking its
+        kernels, allocator growth) is many times slower than the next, and must not land on a request."""
+        for b in sorted(set(sizes)):
+            x = torch.randn(b, self.d_in)
+            for _ in range(reps):
+                self(x)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.d_in:
             raise ValueError(f"expected a batch of shape [b, {self.d_in}], got {tuple(x.shape)}")

@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         model = make_model(args.d_in, args.width, args.depth, args.d_out, args.seed, device=args.device)
         runner = Runner(model, args.device, dtype, compile=args.compile,
                         graphs=[b for b in buckets if b <= args.graphs_upto])
+        runner.warm(buckets)  # every bucket's first (slow) run happens before the server listens
     serve(lambda ready: make_app(runner, args.d_in, args.max_batch, args.max_delay_ms / 1e3, args.max_queue,
                                  buckets, on_ready=ready, threaded=not args.inline))
 

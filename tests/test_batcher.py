@@ -325,3 +325,47 @@ def test_queueing_estimate_is_close_to_the_simulation_and_says_when_it_cannot_ke
         sim = simulate(poisson_arrivals(rate, 4000, seed=2), t, 64, delay).mean_ms / 1e3
         assert 0.7 < est / sim < 1.4, (rate, delay, est, sim)
     assert estimate_latency(5000, 0.0, t, max_batch=1)[0] == float("inf")
+
+
+H200_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]  # notebook 12's measured t(b) on an H200 (bf16, 48 x 8192^2)
+H200_MS = [1.786, 1.759, 1.770, 1.756, 1.787, 1.973, 2.139, 2.166, 2.691]
+
+WIDGET_WORK = """
+import sys, time
+import numpy as np
+from labkit import batchsim
+from labkit.batcher import bucket_sizes
+sizes, t_ms = {sizes}, np.array({ms})
+t_of = batchsim.curve(sizes, t_ms / 1e3)
+top = float((np.array(sizes) / t_ms * 1e3).max())
+t0 = time.perf_counter()
+for rate in (top / 2, top, 2 * top, top / 1000, 47_557.0):
+    for max_b in (256, 128, 16, 1):
+        arr = batchsim.poisson_arrivals(rate, 4000, seed=1)
+        for d in np.linspace(0, 8, 25):
+            res = batchsim.simulate(arr, t_of, max_b, d / 1e3, buckets=bucket_sizes(max_b))
+            assert res.batch_sizes.sum() == 4000 and res.batch_sizes.max() <= max_b
+            res.pct_ms(99), res.mean_ms, res.throughput, res.histogram()
+            est, b = batchsim.estimate_latency(rate, d / 1e3, t_of, max_b)
+            assert est > 0 and 1 <= b <= max_b
+print(f"{{time.perf_counter() - t0:.2f}}")
+"""
+
+
+def test_the_notebook_widget_work_with_h200_numbers_finishes():
+    # notebook 12's widget cell hung on an H200 (not reproduced on CPU): its simulations and estimates with that
+    # machine's numbers (rate ~47,557/s, max batch 256, buckets 1..256, delays 0..8 ms, n=4000) must end quickly;
+    # in a child process, so a loop that never ends fails this test instead of hanging the suite
+    code = WIDGET_WORK.format(sizes=H200_SIZES, ms=H200_MS)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=child_env(), cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.split()[-1]) < 60, "500 simulations of 4000 requests should take seconds"
+
+
+def test_a_policy_that_never_launches_is_an_error_not_a_hang():
+    def stubborn(n_waiting, oldest_wait_s, max_batch, max_delay_s):
+        return 1e-3  # always "wait a bit more"
+
+    with pytest.raises(RuntimeError, match="no progress"):
+        simulate(poisson_arrivals(1000.0, 50, seed=0), lambda b: 1e-3, 8, 1e-3, policy=stubborn)

@@ -95,3 +95,30 @@ def test_a_server_that_closes_each_connection_is_still_answered():
     with serving(app) as url:
         r = loadgen.run(url, rate=200.0, n=30, payload=payload, metrics=False)
     assert r.ok == r.sent == 30 and r.errors == 0
+
+
+def test_garbage_collection_is_paused_during_a_run_and_restored_after():
+    import gc
+
+    seen = []
+
+    async def predict(request):
+        seen.append(gc.isenabled())  # the server runs in this process too: it sees the pause
+        await request.body()
+        return JSONResponse({"y": [1.0]})
+
+    async def metrics(request):
+        return JSONResponse({"batch_sizes": {}})
+
+    app = Starlette(routes=[Route("/predict", predict, methods=["POST"]), Route("/metrics", metrics)])
+    assert gc.isenabled()
+    with serving(app) as url:
+        r = loadgen.run(url, rate=200.0, n=10, payload=payload, max_s=5.0)
+    assert r.ok == 10 and seen and not any(seen) and gc.isenabled()
+    gc.disable()
+    try:  # a caller that had it off keeps it off
+        with serving(app) as url:
+            loadgen.run(url, rate=200.0, n=5, payload=payload, max_s=5.0)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -49,3 +49,15 @@ def test_fixed_time_stand_in_takes_its_time_whatever_the_batch():
         torch.testing.assert_close(y, x.sum(1, keepdim=True).expand(b, 3))
     with pytest.raises(ValueError, match="ms >= 0"):
         FixedTime(ms=-1)
+
+
+def test_warm_runs_every_size_and_leaves_answers_unchanged():
+    runner = Runner(make_model(6, 17, 2, 3, seed=1), "cpu")
+    seen = []
+    runner.fn = lambda x, f=runner.fn: (seen.append(x.shape[0]), f(x))[1]
+    x = torch.randn(5, 6)
+    before = runner(x)
+    seen.clear()
+    runner.warm([4, 1, 16, 4], reps=2)
+    assert seen == [1, 1, 4, 4, 16, 16]
+    torch.testing.assert_close(runner(x), before)
