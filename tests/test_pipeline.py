@@ -1,4 +1,6 @@
 """labkit.parallel.pipeline: schedules as a model, and 2 (and 4) gloo stages equal to one process."""
+import subprocess
+
 import pytest
 
 from labkit.parallel import launch
@@ -144,15 +146,13 @@ def test_bad_arguments_are_refused(bad):
 
 
 def test_launcher_reports_a_failing_child(monkeypatch, tmp_path):
-    import subprocess
-
     seen = {}
 
-    def fake_run(cmd, **kw):
-        seen.update(cmd=cmd, env=kw["env"])
-        return subprocess.CompletedProcess(cmd, 1, "", "labkit.parallel.pipeline: a pipeline needs at least 2 stages\n")
+    def fake_run(cmd, env, timeout):
+        seen.update(cmd=cmd, env=env)
+        return True, subprocess.CompletedProcess(cmd, 1, "", "labkit.parallel.pipeline: a pipeline needs at least 2 stages\n")
 
-    monkeypatch.setattr(launch.subprocess, "run", fake_run)
+    monkeypatch.setattr(launch, "run_bounded", fake_run)
     with pytest.raises(RuntimeError, match="at least 2 stages"):
         launch.torchrun("labkit.parallel.pipeline", 1, ["--ms", "2"], backend="gloo", device="cpu",
                         out=tmp_path / "r.json", echo=False)
@@ -160,3 +160,14 @@ def test_launcher_reports_a_failing_child(monkeypatch, tmp_path):
     assert seen["env"]["NCCL_NVLS_ENABLE"] == "0" and "--master_port" not in seen["cmd"]
     with pytest.raises(ValueError):
         launch.torchrun("labkit.parallel.pipeline", 0, [])
+
+
+def test_a_hung_run_is_stopped_with_every_ranks_stack_and_leaves_no_process(tmp_path, monkeypatch):
+    """A rank stuck in a collective (here: asleep) must not hang the notebook or keep holding a device."""
+    (tmp_path / "labkit_sleeper_rank.py").write_text("import time\n\ntime.sleep(600)  # the stuck rank\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with pytest.raises(RuntimeError, match="did not finish in 20 s") as err:
+        launch.torchrun("labkit_sleeper_rank", 2, [], timeout=20, echo=False)
+    assert "time.sleep(600)" in str(err.value) or "labkit_sleeper_rank.py" in str(err.value), str(err.value)[-2000:]
+    left = subprocess.run(["pgrep", "-f", "labkit_sleeper_rank"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"processes left running: {left.stdout}"

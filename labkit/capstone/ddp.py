@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, replace
@@ -27,6 +26,7 @@ from labkit.capstone.model import GPTConfig
 from labkit.capstone.train import RunConfig, Trainer, final_loss
 from labkit.capstone.variants import variant
 from labkit.ddp_train import _slowest, _sync, choose, init_group, timed_on_slowest_rank
+from labkit.parallel.launch import run_bounded
 from labkit.paths import child_env
 
 
@@ -111,7 +111,9 @@ def launch(run: RunConfig, nproc: int, out: Path, device: str = "auto", name: st
            "-m", "labkit.capstone.ddp", "--out", str(out), "--workload", json.dumps(asdict(run)), "--variant", name,
            "--device", device]
     env = child_env(root, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", OMP_NUM_THREADS="1")
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    finished, done = run_bounded(cmd, env, timeout)
+    if not finished:
+        raise RuntimeError(f"the DDP run did not finish in {timeout} s; each rank's stack:\n{done.stderr[-4000:]}")
     if done.returncode != 0:
         raise RuntimeError(f"the DDP run failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return json.loads(out.read_text())

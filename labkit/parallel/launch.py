@@ -7,13 +7,16 @@ Inside the script:          `ctx = launch.start(args)` ... `launch.finish(ctx, r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +32,45 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "OMP_NUM_THREADS": "1"}
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc (Linux; elsewhere none are found and only `pid` is stopped)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def run_bounded(cmd: list[str], env: dict, timeout: float) -> tuple[bool, subprocess.CompletedProcess]:
+    """(finished, result) of `cmd`. After `timeout` s each rank prints its Python stack (faulthandler on SIGABRT)
+    and every process torchrun started is killed (they run in sessions of their own): none keeps a GPU."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env, "PYTHONFAULTHANDLER": "1"})
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return True, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        pass
+    ranks = _descendants(proc.pid)
+    _signal(ranks, signal.SIGABRT)
+    time.sleep(3)  # time to print their stacks
+    _signal([*_descendants(proc.pid), *ranks, proc.pid], signal.SIGKILL)
+    out, err = proc.communicate()
+    return False, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def torchrun(module: str, nproc: int, args: list[str], backend: str = "auto", device: str = "auto",
              out: Path | None = None, timeout: float = 600, echo: bool = True) -> dict:
     """Run `python -m torch.distributed.run --standalone --nproc_per_node nproc -m module ...`; return its JSON."""
@@ -40,7 +82,10 @@ def torchrun(module: str, nproc: int, args: list[str], backend: str = "auto", de
     env = child_env(ROOT, **CHILD_ENV)
     if echo:
         print("$ python", " ".join(cmd[1:]).replace(str(out), out.name))
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    finished, done = run_bounded(cmd, env, timeout)
+    if not finished:
+        raise RuntimeError(f"{module} on {nproc} processes did not finish in {timeout:g} s (a hung collective?); "
+                           f"every rank was stopped, each printing where it was:\n{(done.stdout + done.stderr)[-6000:]}")
     if done.returncode != 0:
         said = [l for l in done.stderr.splitlines() if l.startswith(module + ":")]   # our own messages (start())
         raise RuntimeError(f"{module} on {nproc} processes failed (exit {done.returncode}):\n"
