@@ -26,8 +26,7 @@ from labkit.capstone.model import GPTConfig
 from labkit.capstone.train import RunConfig, Trainer, final_loss
 from labkit.capstone.variants import variant
 from labkit.ddp_train import _slowest, _sync, choose, init_group, timed_on_slowest_rank
-from labkit.parallel.launch import run_bounded
-from labkit.paths import child_env
+from labkit.parallel.launch import torchrun
 
 
 class DDPTrainer(Trainer):
@@ -57,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", required=True, help="the RunConfig as JSON (labkit.capstone.ddp.launch writes it)")
     ap.add_argument("--variant", default="ddp")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    ap.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     if "RANK" not in os.environ:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", 0))
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    backend, dev_type = choose("auto", args.device, int(os.environ.get("LOCAL_WORLD_SIZE", world)), gpus)
+    backend, dev_type = choose(args.backend, args.device, int(os.environ.get("LOCAL_WORLD_SIZE", world)), gpus)
     run = run_config(json.loads(args.workload))
     v = variant(args.variant)
     if run.batch % world:
@@ -106,17 +106,8 @@ def main(argv: list[str] | None = None) -> int:
 def launch(run: RunConfig, nproc: int, out: Path, device: str = "auto", name: str = "ddp",
            timeout: int = 600) -> dict:
     """Run the DDP variant on `nproc` processes with torch.distributed.run; return rank 0's results."""
-    root = Path(__file__).resolve().parent.parent.parent
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "labkit.capstone.ddp", "--out", str(out), "--workload", json.dumps(asdict(run)), "--variant", name,
-           "--device", device]
-    env = child_env(root, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", OMP_NUM_THREADS="1")
-    finished, done = run_bounded(cmd, env, timeout)
-    if not finished:
-        raise RuntimeError(f"the DDP run did not finish in {timeout} s; each rank's stack:\n{done.stderr[-4000:]}")
-    if done.returncode != 0:
-        raise RuntimeError(f"the DDP run failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(out.read_text())
+    return torchrun("labkit.capstone.ddp", nproc, ["--workload", json.dumps(asdict(run)), "--variant", name],
+                    device=device, out=out, timeout=timeout, echo=False)
 
 
 if __name__ == "__main__":

@@ -78,12 +78,11 @@ def read_only_paths(protected: list[Path], extra: list[str] = ()) -> list[str]:
 def toolchain_paths() -> list[str]:
     """Install prefixes of the compilers a student's kernel needs (Triton's launcher stub, ptxas, nvcc, the C++
     extension build) where they live outside the system folders, e.g. CC=/opt/gcc/bin/gcc binds /opt/gcc."""
-    found = [os.environ.get(v, "").split(" ")[0] for v in ("CC", "CXX")]
-    found += [shutil.which(n) or "" for n in ("gcc", "g++", "cc", "c++", "nvcc", "ptxas", "ninja")]
+    names = [os.environ.get(v, "").split(" ")[0] for v in ("CC", "CXX")]
+    names += ["gcc", "g++", "cc", "c++", "nvcc", "ptxas", "ninja"]
     prefixes = [p for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if p and os.path.isdir(p)]
-    for exe in filter(None, found):
-        exe = shutil.which(exe) or ""
-        for path in {exe, os.path.realpath(exe)} - {""}:
+    for exe in filter(None, (shutil.which(n) for n in names if n)):
+        for path in {exe, os.path.realpath(exe)}:
             folder = os.path.dirname(path)
             prefix = os.path.dirname(folder) if os.path.basename(folder) == "bin" else folder
             if prefix not in ("", "/") and not any(_inside(prefix, s) for s in SYSTEM):

@@ -56,6 +56,11 @@ def check_same_dtype(op: str, **tensors: torch.Tensor) -> None:
         raise TypeError(f"{op}: inputs must share one dtype ({what}): convert them with .to(dtype).")
 
 
+def builds_graph(*tensors: object) -> bool:
+    """Whether a call on these inputs must record an autograd graph (grad mode on, an input requiring grad)."""
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
 def rows_2d(x: torch.Tensor) -> torch.Tensor:
     """`x` as (rows, last dim) with a unit stride along the last dim (a view when possible, else a copy)."""
     x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from labkit.device import current
-from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, Launcher, check_same_device, check_same_dtype,
-                                    check_tensor)
+from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, Launcher, builds_graph, check_same_device,
+                                    check_same_dtype, check_tensor)
 
 
 def min_bytes(M: int, N: int, K: int, dtype: torch.dtype = torch.float32) -> int:
@@ -138,7 +138,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Differentiable: when a or b requires grad, the backward runs this kernel again
     (da = dc @ b^T, db = a^T @ dc).
     """
-    if torch.is_grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)):
+    if builds_graph(a, b):
         return _Matmul.apply(a, b)
     return _matmul(a, b)
 

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import INTERPRETED, check_tensor, next_pow2, num_sms, row_tile, rows_2d
+from labkit.kernels._common import INTERPRETED, builds_graph, check_tensor, next_pow2, num_sms, row_tile, rows_2d
 
 # Longest row kept whole in registers (one read, one write); longer rows stream through in chunks.
 MAX_FUSED_COLS = {torch.float32: 16384, torch.float16: 32768, torch.bfloat16: 32768}
@@ -134,7 +134,7 @@ def softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = No
     GPU, see use_split); True forces it (testing), False never (then long rows stream).
     Differentiable: when x requires grad, the backward is dx = y * (dy - sum(dy * y)) (in PyTorch, fp32).
     """
-    if torch.is_grad_enabled() and getattr(x, "requires_grad", False):
+    if builds_graph(x):
         return _Softmax.apply(x, online, split)
     return _softmax(x, online, split)
 

@@ -9,7 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import FLOAT_DTYPES, INTERPRETED, check_same_device, check_same_dtype, check_tensor
+from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, builds_graph, check_same_device, check_same_dtype,
+                                    check_tensor)
 
 
 def min_bytes(n: int, dtype: torch.dtype = torch.float32) -> int:
@@ -52,7 +53,7 @@ def vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     Non-contiguous inputs are first made contiguous (a copy), so the kernel sees flat arrays.
     Differentiable: when x or y requires grad, the result carries a backward (dx = dy = dz).
     """
-    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(y, "requires_grad", False)):
+    if builds_graph(x, y):
         return _VectorAdd.apply(x, y)
     return _vector_add(x, y)
 

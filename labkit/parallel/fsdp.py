@@ -204,7 +204,7 @@ def body(args, ctx: launch.Ctx) -> dict:
     if args.mp:
         runs["FSDP bf16"] = train("FSDP", model, args, ctx, mp=True)
     ddp = runs["DDP"]
-    out = {"args": {k: v for k, v in vars(args).items() if k != "out"}, "param_count": n_params,
+    out = {"param_count": n_params,
            "param_max_abs": float(ddp["params"].abs().max()),
            "formula_fp32": zero_bytes(n_params, ctx.world, 4, 4, 8),
            "formula_mixed": zero_bytes(n_params, ctx.world, 2, 2, 12), "runs": {}}

@@ -151,7 +151,7 @@ def run_main(prog: str, parse, body, argv: list[str] | None = None) -> int:
     args = parse(argv)
     ctx = start(args, prog)
     try:
-        result = body(args, ctx)
+        result = {"args": {k: v for k, v in vars(args).items() if k != "out"}, **body(args, ctx)}
         finish(ctx, result, args.out)
         if ctx.rank == 0:
             print(f"[{prog}] {ctx.world} x {ctx.backend} on {ctx.device.type}: wrote {args.out}")

@@ -384,8 +384,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def body(args, ctx: launch.Ctx) -> dict:
     if ctx.world < 2:
         sys.exit(f"{PROG}: a pipeline needs at least 2 stages (processes); use --nproc_per_node 2 or more")
-    return {"args": {k: v for k, v in vars(args).items() if k != "out"}, "check": check(args, ctx),
-            "sweep": sweep(args, ctx)}
+    return {"check": check(args, ctx), "sweep": sweep(args, ctx)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -243,8 +243,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def body(args, ctx: launch.Ctx) -> dict:
     if args.hidden % ctx.world or any((4 * d) % ctx.world for d in args.dims):
         sys.exit(f"{PROG}: hidden sizes must split evenly over {ctx.world} ranks: use multiples of {ctx.world}")
-    return {"args": {k: v for k, v in vars(args).items() if k != "out"}, "check": check(args, ctx),
-            "sweep": sweep(args, ctx)}
+    return {"check": check(args, ctx), "sweep": sweep(args, ctx)}
 
 
 def main(argv: list[str] | None = None) -> int:
