@@ -54,10 +54,13 @@ def random_case(g: torch.Generator, shape: tuple[int, int, int, int], dtype: tor
 
 
 def visible_flash_attention() -> list[dict]:
+    """Odd lengths spanning several key tiles (a kernel that never rescales its running sums is wrong past the first):
+    a few dozen tokens in the interpreter, which runs small tiles; past 128 tokens on a GPU, whose tiles are larger."""
     g = torch.Generator().manual_seed(9)
     dev = str(here())
-    return [random_case(g, (1, 2, 37, 64), torch.bfloat16, False, dev),
-            random_case(g, (2, 1, 45, 16), torch.float16, True, dev),
+    n1, n2 = (37, 45) if torch.device(dev).type == "cpu" else (300, 145)
+    return [random_case(g, (1, 2, n1, 64), torch.bfloat16, False, dev),
+            random_case(g, (2, 1, n2, 16), torch.float16, True, dev),
             random_case(g, (1, 1, 23, 32), torch.bfloat16, True, dev)]
 
 

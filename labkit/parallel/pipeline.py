@@ -169,10 +169,14 @@ class _Saved:
 
 
 def _p2p(ops: list[tuple]) -> list:
-    """Start the (isend or irecv, tensor, peer) operations as one batch; their Work handles."""
+    """Start the (isend or irecv, tensor, peer) operations, each on its own; their Work handles. An exchange
+    (a send and a receive with one peer) runs in rank order: the lower rank sends first, the higher receives
+    first, so the two never both wait in a send (on NCCL a large send waits until its receive is posted)."""
     import torch.distributed as dist
 
-    return dist.batch_isend_irecv([dist.P2POp(op, t, peer) for op, t, peer in ops])
+    if len(ops) == 2 and dist.get_rank() > ops[0][2]:
+        ops = ops[::-1]
+    return [op(t, peer) for op, t, peer in ops]
 
 
 def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torch.Tensor], ys: list[torch.Tensor],
@@ -202,9 +206,8 @@ def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torc
     for op, i in steps:
         peer = (s - 1 if s > 0 else None) if op == "F" else (s + 1 if not last else None)
         buf = torch.empty(shape, dtype=dtype, device=dev) if peer is not None else None
-        # every send and receive goes through batch_isend_irecv: on NCCL a batched op and a lone
-        # isend/recv can use different communicators, and a send on one never meets a receive on the other
-        if pending is not None and pending[1] == peer:   # one batched send+receive: no deadlock on NCCL
+        # plain isend/irecv, one communicator per pair of stages on NCCL (batch_isend_irecv hung on 2 H200s)
+        if pending is not None and pending[1] == peer:   # an exchange with one peer, in rank order (_p2p)
             for w in _p2p([(dist.isend, *pending), (dist.irecv, buf, peer)]):
                 w.wait()
         else:
