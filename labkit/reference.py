@@ -38,6 +38,8 @@ def notebook_entry(summary: dict[str, Any], notebook: str) -> dict[str, Any] | N
 def machine_label(summary: dict[str, Any]) -> str:
     m = summary.get("machine", {})
     gpu = m.get("GPU", "unknown machine")
+    if int(m.get("GPUs", 1) or 1) > 1:
+        gpu = f"{m['GPUs']} x {gpu}"
     parts = [gpu] + [f"{k} {m[k]}" for k in ("torch", "triton") if k in m]
     when = summary.get("finished", "")[:10]
     return ", ".join(parts) + (f", run {when}" if when else "")

@@ -212,24 +212,35 @@ def write_summary(entries: list[dict], out_dir: Path, parameters: dict, facts: d
 
 
 def save_reference(out_dir: Path, entries: list[dict], root: Path | None = None) -> Path:
-    """Copy a finished batch (summary and tagged plots) into reference/<machine>/ for students without one."""
+    """Add a finished batch (summary entries and tagged plots) to reference/<machine>/ for students without one:
+    the notebooks of this batch replace their earlier entries and plots, every other notebook's are kept."""
     from labkit import reference
 
     summary = json.loads((out_dir / "summary.json").read_text())
-    gpu = summary.get("machine", {}).get("GPU", "none")
+    machine = summary.get("machine", {})
+    gpu = machine.get("GPU", "none")
     if gpu in ("none", None):
         raise SystemExit("labkit run --reference: a reference run must be made on a GPU host (no GPU here)")
     slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower()
+    if int(machine.get("GPUs", 1) or 1) > 1:  # a host of several GPUs is another machine than one of them
+        slug += f"-x{machine['GPUs']}"
     dest = (root or reference.ROOT) / slug
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
+    dest.mkdir(parents=True, exist_ok=True)
     for e in entries:
         out = Path(e["output"])
         if out.exists():
+            shutil.rmtree(dest / out.stem, ignore_errors=True)
             reference.save_plots(nbio.read(out), dest / out.stem)
+    new = []
     for e in summary["notebooks"]:  # paths on the GPU host mean nothing to a student
         e["notebook"], e["output"] = Path(e["notebook"]).name, Path(e["output"]).name
+        new.append({**e, "finished": e.get("finished", summary.get("finished"))})
+    old = json.loads((dest / "summary.json").read_text()) if (dest / "summary.json").exists() else {}
+    names = {e["notebook"] for e in new}
+    kept = [e for e in old.get("notebooks", []) if e["notebook"] not in names]
+    summary["notebooks"] = sorted(kept + new, key=lambda e: e["notebook"])
+    if "about" in old:
+        summary["about"] = old["about"]
     (dest / "summary.json").write_text(json.dumps(summary, indent=1))
     return dest
 

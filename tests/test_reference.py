@@ -41,3 +41,37 @@ def test_tagged_plots_are_saved_from_an_executed_notebook(tmp_path):
                                                                        "data": {"image/png": png64}}]}]}
     written = reference.save_plots(nb, tmp_path / "nb")
     assert [p.name for p in written] == ["roofline.png"] and written[0].read_bytes() == PNG
+
+
+def test_a_reference_batch_is_added_to_its_machine_and_keeps_the_other_notebooks(tmp_path):
+    from labkit.runner import save_reference
+
+    make_run(tmp_path)  # 04's entry and plot, from an earlier batch
+    png64 = base64.b64encode(PNG).decode()
+    nb = {"cells": [{"cell_type": "code", "id": "c1", "metadata": {"tags": ["plot:bubble"]}, "source": "",
+                     "execution_count": 1,
+                     "outputs": [{"output_type": "display_data", "data": {"image/png": png64}}]}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+    def batch(name: str, gpus: str) -> None:
+        out = tmp_path / f"build-{gpus}"
+        out.mkdir()
+        (out / "10_model_parallel.ipynb").write_text(json.dumps(nb))
+        summary = {"machine": {"GPU": "NVIDIA H200", "GPUs": gpus, "torch": "2.11.0"},
+                   "finished": "2026-11-23T10:00:00+00:00",
+                   "notebooks": [{"notebook": f"/host/notebooks/{name}.ipynb", "output": str(out / f"{name}.ipynb"),
+                                  "figures": {}, "claims": {}}]}
+        (out / "summary.json").write_text(json.dumps(summary))
+        save_reference(out, summary["notebooks"], root=tmp_path)
+
+    batch("10_model_parallel", "1")
+    one = json.loads((tmp_path / "nvidia-h200" / "summary.json").read_text())
+    assert [e["notebook"] for e in one["notebooks"]] == ["04_bottlenecks.ipynb", "10_model_parallel.ipynb"]
+    assert (tmp_path / "nvidia-h200" / "04_bottlenecks" / "matmul_rate.png").is_file()
+    assert (tmp_path / "nvidia-h200" / "10_model_parallel" / "bubble.png").is_file()
+    assert one["notebooks"][1]["output"] == "10_model_parallel.ipynb"  # no host paths
+    batch("10_model_parallel", "2")  # a 2-GPU host: a machine of its own, the 1-GPU run untouched
+    two = json.loads((tmp_path / "nvidia-h200-x2" / "summary.json").read_text())
+    assert [e["notebook"] for e in two["notebooks"]] == ["10_model_parallel.ipynb"]
+    assert json.loads((tmp_path / "nvidia-h200" / "summary.json").read_text()) == one
+    assert reference.machine_label(two).startswith("2 x NVIDIA H200, torch 2.11.0")
