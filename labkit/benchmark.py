@@ -131,7 +131,7 @@ def _fmt_num(v: float) -> str:
     return f"{v:,.1f}" if v >= 100 else f"{v:.3g}"
 
 
-def save(rows: list[Row], path: Path) -> list[Path]:
+def save(rows: list[Row], path: Path, ceil: labkit.ceilings.Ceilings) -> list[Path]:
     """Write PATH.csv, PATH.json and PATH.png (any suffix on PATH is dropped)."""
     base = path.with_suffix("") if path.suffix in (".csv", ".json", ".png") else path
     base.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +145,7 @@ def save(rows: list[Row], path: Path) -> list[Path]:
                        + [r.baseline_ms.get(n) for n in names] + [r.speedup.get(n) for n in names])
     info = labkit.machine_info()
     from labkit.kernels._bench import peer_versions
-    ceilings = asdict(labkit.ceilings.get())  # measured once per machine, then cached
+    ceilings = asdict(ceil)  # the ones the rows were measured against
     base.with_suffix(".json").write_text(json.dumps({"machine": info, "peers": peer_versions(), "ceilings": ceilings,
                                                      "rows": [asdict(r) for r in rows]}, indent=1))
     _plot(rows, base.with_suffix(".png"), info)
@@ -268,5 +268,5 @@ def main(argv: list[str] | None = None) -> int:
         print(table(case, rows), "\n", flush=True)
         all_rows += rows
     if args.save:
-        print("saved", ", ".join(str(p) for p in save(all_rows, args.save)))
+        print("saved", ", ".join(str(p) for p in save(all_rows, args.save, ceil)))
     return 0

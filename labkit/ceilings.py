@@ -11,7 +11,6 @@ Refresh by hand with `labkit info --refresh`.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import hashlib
 import json
@@ -24,7 +23,7 @@ import torch
 from labkit.device import cache_dir, current, machine_info
 from labkit.figures import fmt_value
 from labkit.precision import PRECISIONS, matmul_rate
-from labkit.timing import bench, gbps
+from labkit.timing import bench, gbps, threads
 from labkit.transfer import measure_sweep
 
 REPEATS = 3  # medians taken per ceiling; the best one is kept
@@ -138,16 +137,6 @@ def load_average() -> float | None:
         return None
 
 
-@contextlib.contextmanager
-def _threads(n: int):
-    """torch's CPU threads set to `n` (one per usable core) for the measurement, restored after."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
-
 
 def best_of(name: str, measure_once, repeats: int, record: dict[str, list[float]]) -> float:
     """The best of `repeats` medians: load on the machine only ever slows a measurement down."""
@@ -180,7 +169,7 @@ def _measure_once() -> Ceilings:
     c = Ceilings(machine=name, copy_gbps=0.0, sizes={"copy_bytes": copy_bytes, "matmul": n, "transfer_bytes": xfer},
                  measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  load=load_average(), cores=cores, threads=cores)
-    with _threads(cores):
+    with threads(cores):  # one per usable core, for the measurement
         c.copy_gbps = best_of("copy_gbps", lambda: measure_copy_gbps(copy_bytes), REPEATS, c.repeats)
         for d in dtypes:
             c.matmul_tflops[d] = best_of(f"matmul_tflops.{d}", lambda: measure_matmul_tflops(n, d), REPEATS,

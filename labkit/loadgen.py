@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from labkit.batchsim import poisson_arrivals
+from labkit.server import metrics as server_metrics
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -168,11 +169,7 @@ async def _one(pool: _Pool, body: bytes, timeout_s: float, out: dict) -> None:
 
 
 def _batch_sizes(base: str) -> dict:
-    import httpx
-
-    r = httpx.get(base + "/metrics", trust_env=False, timeout=10)
-    r.raise_for_status()
-    return r.json()["batch_sizes"]
+    return server_metrics(base)["batch_sizes"]
 
 
 async def run_async(url: str, rate: float, n: int, payload: Callable[[int], bytes], max_s: float = 10.0,

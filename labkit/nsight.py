@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Sequence
 
 from labkit.ncu_report import NCU_METRICS, KernelLaunch, parse_ncu_csv
-from labkit.paths import COURSE_ROOT as ROOT
 from labkit.paths import child_env
 
 
@@ -56,7 +55,7 @@ def run_ncu(cmd: Sequence[str], timeout: float = 240) -> tuple[list[KernelLaunch
     if exe is None:
         return [], "ncu is not installed here (it comes with the CUDA toolkit or as Nsight Compute)"
     try:
-        run = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=timeout, env=child_env(ROOT))
+        run = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=timeout, env=child_env())
     except subprocess.TimeoutExpired:
         return [], f"ncu did not finish within {timeout:.0f} s: select fewer kernels (--launch-count) or metrics"
     said = run.stdout + run.stderr
@@ -91,7 +90,7 @@ def run_nsys(target: Sequence[str], report: str | Path, timeout: float = 120) ->
     cmd = [exe, "profile", "--trace", "cuda,nvtx,osrt", "--sample", "none", "--force-overwrite", "true",
            "--output", str(report), *target]
     try:
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(ROOT))
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
     except subprocess.TimeoutExpired:
         return None, f"nsys did not finish within {timeout:.0f} s on this machine"
     rep = Path(str(report) + ".nsys-rep")

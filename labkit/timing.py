@@ -6,10 +6,11 @@ warm up, then time each call separately, flushing the L2 cache before each one b
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -232,3 +233,15 @@ def gbps(nbytes: float, ms: float) -> float:
 def tflops(flops: float, ms: float) -> float:
     """Floating-point operations done in `ms` milliseconds, as TFLOP/s."""
     return flops / ms / 1e9
+
+
+@contextlib.contextmanager
+def threads(n: int | None) -> Iterator[None]:
+    """torch's CPU threads set to `n` inside the block (left as they are for None), restored after."""
+    saved = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)

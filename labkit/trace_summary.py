@@ -87,14 +87,13 @@ def summarize(trace: dict[str, Any], within: str | None = None, track: str = "au
     if track not in ("gpu", "cpu"):
         raise ValueError(f"track must be 'gpu', 'cpu' or 'auto', not {track!r}")
     lo, hi = range_of(trace, within, occurrence) if within else (float("-inf"), float("inf"))
-    launches = [e for e in complete(trace, API_CATS) if is_launch(e) and lo <= float(e["ts"]) <= hi]
+    api = [e for e in complete(trace, API_CATS) if lo <= float(e["ts"]) <= hi]
+    launches = [e for e in api if is_launch(e)]
     if track == "gpu":
         if not device:
             raise ValueError("this trace holds no GPU kernels (recorded without ProfilerActivity.CUDA, or on a CPU)")
         if within:
-            ids = {e.get("args", {}).get("correlation") for e in launches}
-            ids |= {e.get("args", {}).get("correlation") for e in complete(trace, API_CATS)
-                    if lo <= float(e["ts"]) <= hi}
+            ids = {e.get("args", {}).get("correlation") for e in api}  # launches and the runtime calls around them
             events = [e for e in device if e.get("args", {}).get("correlation") in ids]
         else:
             events = device
@@ -128,7 +127,8 @@ def timeline(trace: dict[str, Any], within: str | None = None) -> dict[str, list
     """(start, duration) in us from the first event, per row: 'CPU ops', 'launches', 'GPU kernels'."""
     lo, hi = range_of(trace, within) if within else (float("-inf"), float("inf"))
     cpu = [e for e in top_level(complete(trace, ("cpu_op",))) if lo <= float(e["ts"]) <= hi]
-    launches = [e for e in complete(trace, API_CATS) if is_launch(e) and lo <= float(e["ts"]) <= hi]
+    api = [e for e in complete(trace, API_CATS) if lo <= float(e["ts"]) <= hi]
+    launches = [e for e in api if is_launch(e)]
     ids = {e.get("args", {}).get("correlation") for e in launches}
     kernels = [e for e in complete(trace, DEVICE_CATS) if not within or e.get("args", {}).get("correlation") in ids]
     rows = {"CPU ops": cpu, "launches": launches, "GPU kernels": kernels}

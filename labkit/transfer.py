@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from labkit.device import current
-from labkit.timing import Timing, bench
+from labkit.timing import Timing, bench, threads
 
 DIRECTIONS = {"h2d": "host->device", "d2h": "device->host", "h2h": "host->host (CPU memcpy)"}
 
@@ -183,13 +183,9 @@ def fresh_pages(nbytes: int, **bench_kw) -> tuple[Timing, Timing]:
     n = nbytes // 4
     touched = torch.empty(n)
     touched.fill_(0.0)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the driver writes a pageable copy's destination from one thread
-    try:
+    with threads(1):  # the driver writes a pageable copy's destination from one thread
         fresh = bench(lambda: torch.empty(n).fill_(1.0), device="cpu", **bench_kw)
         reused = bench(lambda: touched.fill_(1.0), device="cpu", **bench_kw)
-    finally:
-        torch.set_num_threads(threads)
     return fresh, reused
 
 

@@ -6,7 +6,7 @@ import torch
 
 import labkit
 from labkit.capstone import GPT, GPTConfig, RunConfig, Trainer, make_corpus, run_variant, variant, VARIANTS
-from labkit.capstone.data import Windows, order
+from labkit.capstone.data import order
 from labkit.capstone.train import final_loss, tolerance
 
 SEQ, WINDOWS = 16, 16

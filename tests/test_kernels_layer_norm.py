@@ -54,8 +54,7 @@ def test_layer_norm_non_contiguous_and_eps(poison_outputs, close64):
 @pytest.mark.parametrize("prefetch", [True, False])
 def test_layer_norm_backward_many_rows_per_program(prefetch, poison_outputs, close64, monkeypatch):
     # Rows of 5 pack 512 to a tile; 10 tiles for at most 8 programs: some loop twice.
-    import sys
-    monkeypatch.setattr(sys.modules["labkit.kernels.layer_norm"], "BWD_PREFETCH_MAX_COLS", 8 if prefetch else 0)
+    monkeypatch.setattr(kernels.modules()["layer_norm"], "BWD_PREFETCH_MAX_COLS", 8 if prefetch else 0)
     x, w, b, dy = randn(5000, 5), randn(5), randn(5), randn(5000, 5)
     y, mean, rstd = layer_norm_forward(x, w, b)
     dx, dw, db = layer_norm_backward(dy, x, w, mean, rstd)
@@ -70,8 +69,7 @@ def test_layer_norm_backward_many_rows_per_program(prefetch, poison_outputs, clo
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_layer_norm_backward_sums_many_partial_rows(dtype, poison_outputs, close64, monkeypatch):
     # 100 row tiles over 80 programs: 80 partial rows, more than one BLOCK_P of the final sum.
-    import sys
-    monkeypatch.setitem(sys.modules["labkit.kernels.layer_norm"].BWD_PROGRAMS_PER_SM, dtype, (20, 20))
+    monkeypatch.setitem(kernels.modules()["layer_norm"].BWD_PROGRAMS_PER_SM, dtype, (20, 20))
     x, w, b, dy = (randn(400, 700, dtype=dtype) * 2 - 1), randn(700, dtype=dtype), randn(700, dtype=dtype), \
         randn(400, 700, dtype=dtype)
     _, mean, rstd = layer_norm_forward(x, w, b)

@@ -23,9 +23,7 @@ def test_softmax_matches_float64(dtype, online, poison_outputs, close64):
 
 
 def test_online_softmax_spans_several_chunks(poison_outputs, close64, monkeypatch):
-    from labkit.kernels import softmax as _  # noqa: F401  (the function; the module is in sys.modules)
-    import sys
-    mod = sys.modules["labkit.kernels.softmax"]
+    mod = kernels.modules()["softmax"]
     monkeypatch.setattr(mod, "ONLINE_BLOCK", 64)  # rows of 333 take six chunks, the last one partial
     x = randn(5, 333)
     x[1, 300] = 40.0  # the row maximum arrives late: earlier sums must be rescaled
@@ -62,8 +60,7 @@ def test_softmax_counts():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_split_rows_match_float64(dtype, poison_outputs, close64, monkeypatch):
     # Every dtype through the split path (forced: by default only fp32 rows are split).
-    import sys
-    mod = sys.modules["labkit.kernels.softmax"]
+    mod = kernels.modules()["softmax"]
     monkeypatch.setitem(mod.SPLIT_CHUNK, dtype, 64)  # rows of 333 take six chunks, the last one partial
     x = randn(5, 333, dtype=dtype)
     x[1, 300] = 40.0  # the row maximum sits in the last chunk

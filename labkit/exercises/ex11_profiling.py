@@ -12,8 +12,7 @@ import math
 import os
 import sys
 import time
-from contextlib import contextmanager
-from typing import Iterator
+from contextlib import AbstractContextManager
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -23,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from labkit.exercises.inputs import here
 from labkit.exercises.observe import compare, expect_like, snapshot
 from labkit.exercises.spec import Function
+from labkit.timing import threads
 
 NOTEBOOK = "11_profiling"
 MIN_SPEEDUP = 2.0  # what the fixes reach with room to spare, on a CPU and on a GPU
@@ -87,17 +87,10 @@ def slow_train(params: dict[str, torch.Tensor], xs: torch.Tensor, ys: torch.Tens
     return {k: p.detach() for k, p in params.items()}, torch.tensor(losses)
 
 
-@contextmanager
-def one_thread(on: bool = True) -> Iterator[None]:
+def one_thread(on: bool = True) -> AbstractContextManager:
     """torch on one CPU thread inside the block: the workload's matmuls are tiny, and several threads on a busy
     machine wait for each other (a timing of scheduling, not of the code)."""
-    before = torch.get_num_threads()
-    if on:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    return threads(1 if on else None)
 
 
 def _timed(fn, args: tuple, hyper: dict, device: torch.device) -> tuple[object, float]:
@@ -148,7 +141,6 @@ def count_work(fn, problem: tuple, hyper: dict) -> dict:
 
 def fixes(work: dict, slow_ops: int, steps: int) -> dict[str, str | None]:
     """Each fix the exercise asks for -> None when made, else what the grader saw."""
-    per = {k: work[k] / steps for k in work}
     return {
         "clip": (f"{work['element reads']} .tolist()/.numpy()/iteration calls for {steps} steps: the clip still walks "
                  f"the gradient element by element in Python (compute the norm with tensor ops)"
@@ -158,7 +150,7 @@ def fixes(work: dict, slow_ops: int, steps: int) -> dict[str, str | None]:
                  if work["scalar reads"] >= steps else None),
         "copies": (f"{work['copies']} .to()/.cuda()/.copy_() calls for {steps} steps: a copy in every step (copy "
                    f"the data to the device once)" if work["copies"] >= steps else None),
-        "ops": (f"{per['ops']:.0f} ATen ops per step, slow_train's {slow_ops / steps:.0f}: still many tiny ops (a "
+        "ops": (f"{work['ops'] / steps:.0f} ATen ops per step, slow_train's {slow_ops / steps:.0f}: still many tiny ops (a "
                 f"fused GELU and addmm, clip_grad_norm_ and SGD with foreach=True do it in few; at most "
                 f"{OPS_FRACTION:.0%} of slow_train's)" if work["ops"] > OPS_FRACTION * slow_ops else None),
     }

@@ -50,8 +50,7 @@ WARMUP_BUDGET_S = {"cuda": 120.0, "cpu": 60.0}  # the warm-up round: make_traine
 # 23-26%, 72-78%. The workload's learning rate is 1e-3 on a GPU: at 2e-3 the same runs were twice as far apart.
 RTOL = {"cuda": {"median": {"loss": 0.05, "curve": 0.10, "eval": 0.05, "output": 0.45},
                  "round": {"loss": 0.25, "curve": 0.30, "eval": 0.25, "output": 0.80}},
-        "cpu": {"median": {"loss": 0.01, "curve": 0.03, "eval": 0.01, "output": 0.05},
-                "round": {"loss": 0.01, "curve": 0.03, "eval": 0.01, "output": 0.05}}}
+        "cpu": dict.fromkeys(("median", "round"), {"loss": 0.01, "curve": 0.03, "eval": 0.01, "output": 0.05})}
 BASELINE_SLACK = 2.0  # the baseline in the student's process may run at most this much slower than the grader's
 SIZES = {  # the workload: model, batch, N steps, corpus windows (a multiple of the batch), learning rate
     "cpu": {"model": {"seq": 32, "d_model": 64, "heads": 4, "layers": 2}, "batch": 8, "steps": 20, "windows": 32},
@@ -210,17 +209,17 @@ def score_capstone(expected: dict, got) -> tuple[float, list[str], dict]:
     tokens = expected["tokens per round"]
     tps = tokens / statistics.median(m for m, _ in pairs)
     base_tps = tps / speedup
-    notes = []
-    if statistics.median(b for _, b in pairs) > limit:
-        notes.append(f"the baseline ran {statistics.median(b for _, b in pairs) / limit * BASELINE_SLACK:.1f}x "
+    notes, base_median = [], statistics.median(b for _, b in pairs)
+    if base_median > limit:
+        notes.append(f"the baseline ran {base_median / limit * BASELINE_SLACK:.1f}x "
                      f"slower in your notebook's process than in the grader's: your speed-up is measured against the "
                      f"grader's time (x{BASELINE_SLACK:g})")
     tol, checks = expected["rtol"], []
+    r = tol["round"]
     for i, (exp, rnd) in enumerate(zip(exp_rounds, rounds)):  # each round within the loose bound
         targets = _tensor(exp["targets"])
         base = _measured(exp, targets, base_tps, 0.0, None)
         mine = _measured(rnd, targets, tps, secs[0] if i == 0 else 0.0, _tensor(exp["logits"]))
-        r = tol["round"]
         s = score(mine, base, loss_rtol=r["loss"], curve_rtol=r["curve"], eval_rtol=r["eval"], output_rtol=r["output"],
                   warmup_budget_s=expected["warm-up budget s"], thresholds=expected["thresholds"])
         if not s.ok:
@@ -255,10 +254,9 @@ def visible_make_trainer() -> list[dict]:
                           dev)]
 
 
-def preview(make_trainer, device: str | None = None) -> float:
+def preview(make_trainer) -> float:
     """Grade `make_trainer` here as the grader would on the visible seeds; print the verdict; the points."""
-    dev = device or str(here())
-    case = capstone_case("visible seeds", SIZES[torch.device(dev).type], list(range(1, ROUNDS + 2)), dev)
+    case = visible_make_trainer()[0]
     frac, notes, details = score_capstone(case["expected"], call_make_trainer(make_trainer, case["args"]))
     _last["speedup"] = details.get("speedup", float("nan"))
     for n in notes:

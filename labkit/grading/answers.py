@@ -65,9 +65,8 @@ def _resolve(dotted: str) -> tuple[Any, str]:
         raise ValueError(f"an exercise names {dotted!r} as its answer, but it does not exist: {exc}") from None
 
 
-def install(answers: dict[str, dict[str, str]]) -> list[AnswerStub]:
+def install(answers: dict[str, dict[str, str]]) -> None:
     """answers: dotted name -> {function it answers: its exercise notebook}. Replace every labkit reference."""
-    stubs = []
     found = {dotted: _resolve(dotted)[0] for dotted in answers}  # every module imported before any stub exists
     for dotted, owners in answers.items():
         real = found[dotted]
@@ -75,7 +74,6 @@ def install(answers: dict[str, dict[str, str]]) -> list[AnswerStub]:
             real.__dict__["_owners"].update(owners)
             continue
         stub = AnswerStub(dotted, real, dict(owners))
-        stubs.append(stub)
         for modname, mod in list(sys.modules.items()):
             if mod is None or not (modname == "labkit" or modname.startswith("labkit.")):
                 continue
@@ -87,7 +85,6 @@ def install(answers: dict[str, dict[str, str]]) -> list[AnswerStub]:
                     for k, v in list(value.items()):
                         if v is real:
                             value[k] = stub
-    return stubs
 
 
 class grading:

@@ -125,11 +125,11 @@ def main(in_dir: str, out_dir: str) -> None:
     for prepare in dict.fromkeys(f.prepare for f in fns.values() if f.prepare is not None):
         prepare(job["device"])
     callers = {name: f.call for name, f in fns.items()}
-    nb_of = {name: nb["name"] for nb in job["notebooks"] for name in nb["functions"]}
     owned: dict[str, dict[str, str]] = {}
-    for name, f in fns.items():
-        for dotted in f.answers:
-            owned.setdefault(dotted, {})[name] = nb_of[name]
+    for nb in job["notebooks"]:
+        for name in nb["functions"]:
+            for dotted in fns[name].answers:
+                owned.setdefault(dotted, {})[name] = nb["name"]
     answers.install(owned)  # before student code: its imports get the stubs
     describe = _describer(describe_error)
     if job.get("rlimit_as"):  # address space beyond what torch and triton mapped on import (not with CUDA)

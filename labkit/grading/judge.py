@@ -64,9 +64,9 @@ def judge(spec: FnSpec, results: list | None, reason: str | None) -> Outcome:
             out.details = out.details or details
             if frac > 0:
                 out.messages += [f"on {case['about']}: {n}" for n in notes]
-                problems = [] if frac >= 1 else None
-            else:
-                problems = notes or ["scored zero"]
+                passed += frac >= 1
+                continue
+            problems = notes or ["scored zero"]
         elif "obs" in r:
             problems = spec.fn.compare(case["expected"], r["obs"], case.get("rtol", 0.0), case.get("atol", 0.0))
         elif r.get("timeout"):
@@ -75,9 +75,9 @@ def judge(spec: FnSpec, results: list | None, reason: str | None) -> Outcome:
             problems = [str(r.get("error") or "no result")[:400]]
         if problems:
             failures.append((case["about"], "; ".join(problems)))
-        elif problems is not None:
+        else:
             passed += 1
-            earned += spec.fn.score is None
+            earned += 1
     if failures and passed == 0 and len({p for _, p in failures}) == 1:  # the same reason every time
         out.messages.append(f"on all {len(failures)} case(s): {failures[0][1]}")
     else:

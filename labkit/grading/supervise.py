@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit import proctree
 from labkit.grading import safeio
 from labkit.paths import COURSE_ROOT
 
@@ -61,29 +62,8 @@ EVENTS_CAP = 4 * 2**20  # progress events read from one run, at most
 
 def tree_rss_mb(root: int) -> float:
     """Resident memory of `root` and every process below it (what a student started, sandboxed or not)."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        fields = data[data.rfind(b")") + 2:].split()
-        pid = int(entry.name)
-        children.setdefault(int(fields[1]), []).append(pid)
-        rss[pid] = int(fields[21])
-    total, todo, seen = 0, [root], set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        total += rss.get(pid, 0)
-        todo += children.get(pid, [])
-    return total * PAGE / 2**20
+    procs = proctree.table()
+    return sum(procs.get(pid, (0, 0))[1] for pid in [root, *proctree.below(root, procs)]) * PAGE / 2**20
 
 
 def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, budget: float,

@@ -36,7 +36,7 @@ _TABLE_COLS = 6  # master-or-param, grad, exp_avg, exp_avg_sq, 16-bit param (or 
 def min_bytes(numel: int, dtype: torch.dtype = torch.float32, master_weights: bool = True) -> int:
     """Bytes one AdamW step must move for `numel` parameters of `dtype` (28 per element, see above;
     7 * element_size for 16-bit parameters without master weights)."""
-    return (28 if master_weights or dtype == torch.float32 else 7 * dtype.itemsize) * numel
+    return (28 if master_weights else 7 * dtype.itemsize) * numel  # fp32: 7 * 4 = 28 either way
 
 
 def flops(numel: int) -> int:

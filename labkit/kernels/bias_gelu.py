@@ -96,7 +96,7 @@ BWD_TILE = (4096, 1024, 4)
 BWD_PROGRAMS_PER_SM = 4
 
 
-def _tiles(n_cols: int, tile: tuple[int, int, int] = FWD_TILE) -> tuple[int, int, int]:
+def _tiles(n_cols: int, tile: tuple[int, int, int]) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps): tiles of `elements` (up to `widest` columns wide)."""
     elements, widest, warps = tile
     block_n = min(next_pow2(n_cols), widest)

@@ -17,16 +17,14 @@ import copy
 import gc
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from labkit.ddp_train import _slowest
 from labkit.parallel import launch
-from labkit.parallel.tensor_parallel import MLP
+from labkit.parallel.tensor_parallel import MLP, _timed
 
 PROG = "labkit.parallel.fsdp"
 
@@ -181,17 +179,7 @@ def _time(mod, opt, args, ctx: launch.Ctx, local: int) -> list[float]:
         F.mse_loss(mod(x).float(), y).backward()
         opt.step()
 
-    step()
-    times = []
-    for _ in range(args.repeats):
-        launch.sync(ctx.device)
-        _slowest(0.0, ctx.device)
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
-            step()
-        launch.sync(ctx.device)
-        times.append(_slowest(time.perf_counter() - t0, ctx.device) / args.iters * 1e3)
-    return sorted(times)
+    return [s * 1e3 for s in _timed(step, args.iters, args.repeats, ctx.device)]
 
 
 def body(args, ctx: launch.Ctx) -> dict:

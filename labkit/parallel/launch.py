@@ -23,28 +23,13 @@ from pathlib import Path
 import torch
 
 from labkit.ddp_train import _sync as sync  # noqa: F401  (launch.sync: wait for this rank's device)
+from labkit import proctree
 from labkit.ddp_train import choose, init_group
 from labkit.paths import child_env
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 # NVLink SHARP (NVLS) needs multicast memory, which shared/virtualised GPU hosts often do not grant;
 # NCCL then fails at start-up. Without it NCCL uses ring/tree, the algorithms the course models.
 CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "OMP_NUM_THREADS": "1"}
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid`, from /proc (Linux; elsewhere none are found and only `pid` is stopped)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
 
 
 def _signal(pids: list[int], sig: int) -> None:
@@ -63,10 +48,10 @@ def run_bounded(cmd: list[str], env: dict, timeout: float) -> tuple[bool, subpro
         return True, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     except subprocess.TimeoutExpired:
         pass
-    ranks = _descendants(proc.pid)
+    ranks = proctree.below(proc.pid)  # Linux; elsewhere none are found and only torchrun is stopped
     _signal(ranks, signal.SIGABRT)
     time.sleep(3)  # time to print their stacks
-    _signal([*_descendants(proc.pid), *ranks, proc.pid], signal.SIGKILL)
+    _signal([*proctree.below(proc.pid), *ranks, proc.pid], signal.SIGKILL)
     out, err = proc.communicate()
     return False, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
@@ -79,7 +64,7 @@ def torchrun(module: str, nproc: int, args: list[str], backend: str = "auto", de
     out = Path(out) if out else Path(tempfile.mkdtemp(prefix="labkit-par-")) / f"{module.rsplit('.', 1)[-1]}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", module, "--out", str(out), "--backend", backend, "--device", device, *map(str, args)]
-    env = child_env(ROOT, **CHILD_ENV)
+    env = child_env(**CHILD_ENV)
     if echo:
         print("$ python", " ".join(cmd[1:]).replace(str(out), out.name))
     finished, done = run_bounded(cmd, env, timeout)

@@ -168,15 +168,14 @@ class _Saved:
         return t
 
 
-def _p2p(ops: list[tuple]) -> list:
-    """Start the (isend or irecv, tensor, peer) operations, each on its own; their Work handles. An exchange
-    (a send and a receive with one peer) runs in rank order: the lower rank sends first, the higher receives
-    first, so the two never both wait in a send (on NCCL a large send waits until its receive is posted)."""
+def _exchange(send: torch.Tensor, recv: torch.Tensor, peer: int) -> None:
+    """Send `send` to `peer` and receive `recv` from it, in rank order: the lower rank sends first, the higher
+    receives first, so the two never both wait in a send (on NCCL a large send waits until its receive is posted)."""
     import torch.distributed as dist
 
-    if len(ops) == 2 and dist.get_rank() > ops[0][2]:
-        ops = ops[::-1]
-    return [op(t, peer) for op, t, peer in ops]
+    ops = [(dist.isend, send), (dist.irecv, recv)]
+    for w in [op(t, peer) for op, t in (ops if dist.get_rank() < peer else ops[::-1])]:
+        w.wait()
 
 
 def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torch.Tensor], ys: list[torch.Tensor],
@@ -207,15 +206,13 @@ def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torc
         peer = (s - 1 if s > 0 else None) if op == "F" else (s + 1 if not last else None)
         buf = torch.empty(shape, dtype=dtype, device=dev) if peer is not None else None
         # plain isend/irecv, one communicator per pair of stages on NCCL (batch_isend_irecv hung on 2 H200s)
-        if pending is not None and pending[1] == peer:   # an exchange with one peer, in rank order (_p2p)
-            for w in _p2p([(dist.isend, *pending), (dist.irecv, buf, peer)]):
-                w.wait()
+        if pending is not None and pending[1] == peer:   # an exchange with one peer, in rank order
+            _exchange(pending[0], buf, peer)
         else:
             if pending is not None:
-                works += [(w, pending[0]) for w in _p2p([(dist.isend, *pending)])]   # keep the tensor until sent
+                works.append((dist.isend(*pending), pending[0]))   # keep the tensor until sent
             if buf is not None:
-                for w in _p2p([(dist.irecv, buf, peer)]):
-                    w.wait()
+                dist.irecv(buf, peer).wait()
         pending = None
         launch.sync(dev)
         t0 = time.perf_counter()
@@ -244,7 +241,7 @@ def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torc
             time.sleep(pad)
         events.append({"stage": s, "op": op, "mb": i, "start": t0 - origin, "end": time.perf_counter() - origin})
     if pending is not None:
-        works += [(w, pending[0]) for w in _p2p([(dist.isend, *pending)])]
+        works.append((dist.isend(*pending), pending[0]))
     for w, _ in works:
         w.wait()
     out = {"events": events, "losses": losses, "peak_saved_bytes": peak, "per_mb_bytes": max(held.values()),

@@ -1,0 +1,35 @@
+"""The processes below one, from Linux's /proc: to watch their memory or to stop them all."""
+from __future__ import annotations
+
+import os
+
+
+def table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, resident pages) of every process readable now (empty where there is no /proc)."""
+    try:
+        names = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+            fields = data[data.rfind(b")") + 2:].split()  # after the command, which may hold spaces and ')'
+            out[int(name)] = (int(fields[1]), int(fields[21]))
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+    return out
+
+
+def below(root: int, procs: dict[int, tuple[int, int]] | None = None) -> list[int]:
+    """Every process below `root` (not `root` itself), in `procs` (default: read now)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in (table() if procs is None else procs).items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        kids = [k for k in children.get(todo.pop(), []) if k != root and k not in found]
+        found += kids
+        todo += kids
+    return found
