@@ -100,15 +100,19 @@ def bench(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float = 
 
 
 def _slow(fn, first_ms: float, rep_ms: float, min_reps: int, max_s: float, timed) -> Timing | None:
-    """For a call slower than `rep_ms`: sample it (it is warm now) as often as fits in `max_s`, at
-    least once, saying so when it takes long; None for a fast call, which the normal path times."""
+    """For a call slower than `rep_ms`: sample it as often as fits in `max_s`, at least once, saying so
+    when it takes long; None for a fast call, which the normal path times. The first call may have
+    compiled or autotuned, so a second (warm) call decides, and is the first sample."""
     if first_ms <= rep_ms:
         return None
-    n = max(1, min(min_reps, int(max_s * 1e3 / first_ms) - 1))
-    if n < min_reps or n * first_ms > 5e3:  # worth a line only when it is long, or capped
-        print(f"bench: one call takes {format_ms(first_ms)}; timing {n} sample(s), about "
-          f"{n * first_ms / 1e3:.0f} s (max_s={max_s:g} caps it).", flush=True)
-    return summarize([timed() for _ in range(n)])
+    again = timed()
+    if again <= rep_ms:
+        return None
+    n = max(1, min(min_reps, int(max_s * 1e3 / again) - 1))
+    if n < min_reps or n * again > 5e3:  # worth a line only when it is long, or capped
+        print(f"bench: one call takes {format_ms(again)}; timing {n} sample(s), about "
+              f"{n * again / 1e3:.0f} s (max_s={max_s:g} caps it).", flush=True)
+    return summarize([again] + [timed() for _ in range(n - 1)])
 
 
 def _reps(estimate_ms: float, budget_ms: float, min_reps: int, max_reps: int) -> int:

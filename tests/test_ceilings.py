@@ -9,7 +9,12 @@ from labkit import ceilings
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
+    """An empty cache, and quick-mode sizes on any device: these tests check caching, not the figures
+    (a full-size measurement takes a minute on a GPU; conftest restores the device setup)."""
     monkeypatch.setenv("LABKIT_CACHE", str(tmp_path))
+    now = labkit.device.current()
+    labkit.device._current = labkit.device.Setup(device=now.device, quick=True,
+                                                 triton_interpreter=now.triton_interpreter)
     return tmp_path
 
 

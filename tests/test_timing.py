@@ -90,6 +90,21 @@ def test_a_slow_call_is_capped_and_says_so(capsys):
     assert "one call takes" in capsys.readouterr().out
 
 
+def test_a_slow_first_call_alone_is_warm_up_not_the_measurement(capsys):
+    """A first call that compiles or autotunes must not decide how (or what) bench times."""
+    import time
+
+    calls = {"n": 0}
+
+    def fn():
+        calls["n"] += 1
+        time.sleep(0.5 if calls["n"] == 1 else 0.001)
+
+    t = bench(fn, warmup_ms=5, rep_ms=50, min_reps=5, device="cpu")
+    assert t.n >= 5 and t.median_ms < 100
+    assert "one call takes" not in capsys.readouterr().out
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_bench_on_cuda_without_a_gpu_says_what_to_do():
     with pytest.raises(RuntimeError, match="no CUDA GPU.*device='cpu'"):
