@@ -35,11 +35,22 @@ def notebook_entry(summary: dict[str, Any], notebook: str) -> dict[str, Any] | N
     return None
 
 
+def gpu_count(machine: dict[str, Any]) -> int:
+    return int(machine.get("GPUs", 1) or 1)
+
+
+def folder(machine: dict[str, Any]) -> str:
+    """reference/<folder>/ of a machine: 'nvidia-h200', or 'nvidia-h200-x2' for a host of two (another machine)."""
+    from labkit.shard import slug
+    n = gpu_count(machine)
+    return slug(machine["GPU"]) + (f"-x{n}" if n > 1 else "")
+
+
 def machine_label(summary: dict[str, Any]) -> str:
     m = summary.get("machine", {})
     gpu = m.get("GPU", "unknown machine")
-    if int(m.get("GPUs", 1) or 1) > 1:
-        gpu = f"{m['GPUs']} x {gpu}"
+    if gpu_count(m) > 1:
+        gpu = f"{gpu_count(m)} x {gpu}"
     parts = [gpu] + [f"{k} {m[k]}" for k in ("torch", "triton") if k in m]
     when = summary.get("finished", "")[:10]
     return ", ".join(parts) + (f", run {when}" if when else "")

@@ -12,7 +12,6 @@ import datetime
 import difflib
 import json
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -221,20 +220,17 @@ def save_reference(out_dir: Path, entries: list[dict], root: Path | None = None)
     gpu = machine.get("GPU", "none")
     if gpu in ("none", None):
         raise SystemExit("labkit run --reference: a reference run must be made on a GPU host (no GPU here)")
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower()
-    if int(machine.get("GPUs", 1) or 1) > 1:  # a host of several GPUs is another machine than one of them
-        slug += f"-x{machine['GPUs']}"
-    dest = (root or reference.ROOT) / slug
+    dest = (root or reference.ROOT) / reference.folder(machine)
     dest.mkdir(parents=True, exist_ok=True)
     for e in entries:
         out = Path(e["output"])
         if out.exists():
             shutil.rmtree(dest / out.stem, ignore_errors=True)
             reference.save_plots(nbio.read(out), dest / out.stem)
-    new = []
-    for e in summary["notebooks"]:  # paths on the GPU host mean nothing to a student
+    new = summary["notebooks"]
+    for e in new:  # paths on the GPU host mean nothing to a student
         e["notebook"], e["output"] = Path(e["notebook"]).name, Path(e["output"]).name
-        new.append({**e, "finished": e.get("finished", summary.get("finished"))})
+        e.setdefault("finished", summary.get("finished"))
     old = json.loads((dest / "summary.json").read_text()) if (dest / "summary.json").exists() else {}
     names = {e["notebook"] for e in new}
     kept = [e for e in old.get("notebooks", []) if e["notebook"] not in names]

@@ -99,7 +99,7 @@ def bench(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float = 
     return _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps, max_s)
 
 
-def _slow(fn, first_ms: float, rep_ms: float, min_reps: int, max_s: float, timed) -> Timing | None:
+def _slow(first_ms: float, rep_ms: float, min_reps: int, max_s: float, timed) -> Timing | None:
     """For a call slower than `rep_ms`: sample it as often as fits in `max_s`, at least once, saying so
     when it takes long; None for a fast call, which the normal path times. The first call may have
     compiled or autotuned, so a second (warm) call decides, and is the first sample."""
@@ -127,7 +127,7 @@ def _host_call_ms(fn) -> float:
 
 def _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps, max_s) -> Timing:
     first = _host_call_ms(fn)
-    if (slow := _slow(fn, first, rep_ms, min_reps, max_s, lambda: _host_call_ms(fn))) is not None:
+    if (slow := _slow(first, rep_ms, min_reps, max_s, lambda: _host_call_ms(fn))) is not None:
         return slow
     estimate = _host_call_ms(fn)
     deadline = time.perf_counter() + warmup_ms / 1e3
@@ -163,7 +163,7 @@ def _bench_events(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_cache
             torch.cuda.synchronize()
             return s.elapsed_time(e)
 
-        if (slow := _slow(fn, first, rep_ms, min_reps, max_s, timed)) is not None:
+        if (slow := _slow(first, rep_ms, min_reps, max_s, timed)) is not None:
             return slow
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

@@ -72,6 +72,12 @@ class TraceSummary:
         return "\n".join(lines)
 
 
+def _runtime(trace: dict[str, Any], lo: float, hi: float) -> tuple[list[dict], list[dict]]:
+    """The runtime (API) calls between lo and hi, and those of them that launch a kernel."""
+    api = [e for e in complete(trace, API_CATS) if lo <= float(e["ts"]) <= hi]
+    return api, [e for e in api if is_launch(e)]
+
+
 def summarize(trace: dict[str, Any], within: str | None = None, track: str = "auto",
               occurrence: int = -1) -> TraceSummary:
     """Busy time, idle gaps, launches and top events of a trace's device track.
@@ -87,8 +93,7 @@ def summarize(trace: dict[str, Any], within: str | None = None, track: str = "au
     if track not in ("gpu", "cpu"):
         raise ValueError(f"track must be 'gpu', 'cpu' or 'auto', not {track!r}")
     lo, hi = range_of(trace, within, occurrence) if within else (float("-inf"), float("inf"))
-    api = [e for e in complete(trace, API_CATS) if lo <= float(e["ts"]) <= hi]
-    launches = [e for e in api if is_launch(e)]
+    api, launches = _runtime(trace, lo, hi)
     if track == "gpu":
         if not device:
             raise ValueError("this trace holds no GPU kernels (recorded without ProfilerActivity.CUDA, or on a CPU)")
@@ -127,8 +132,7 @@ def timeline(trace: dict[str, Any], within: str | None = None) -> dict[str, list
     """(start, duration) in us from the first event, per row: 'CPU ops', 'launches', 'GPU kernels'."""
     lo, hi = range_of(trace, within) if within else (float("-inf"), float("inf"))
     cpu = [e for e in top_level(complete(trace, ("cpu_op",))) if lo <= float(e["ts"]) <= hi]
-    api = [e for e in complete(trace, API_CATS) if lo <= float(e["ts"]) <= hi]
-    launches = [e for e in api if is_launch(e)]
+    _, launches = _runtime(trace, lo, hi)
     ids = {e.get("args", {}).get("correlation") for e in launches}
     kernels = [e for e in complete(trace, DEVICE_CATS) if not within or e.get("args", {}).get("correlation") in ids]
     rows = {"CPU ops": cpu, "launches": launches, "GPU kernels": kernels}

@@ -4,7 +4,6 @@ Times mean nothing here (the Triton interpreter on tiny sizes): these tests chec
 and writes, never how fast.
 """
 import csv
-import importlib
 import json
 import types
 
@@ -52,10 +51,10 @@ def test_bench_runs_two_kernels_and_saves_the_same_columns(tmp_path, capsys):
 def test_peers_are_absent_without_a_gpu_and_their_column_is_dropped(monkeypatch, capsys):
     from labkit import device
     from labkit.kernels import _bench
-    softmax = importlib.import_module("labkit.kernels.softmax")
-    monkeypatch.setattr(device, "current", lambda: types.SimpleNamespace(is_gpu=False))
-    assert _bench.peer("softmax") is None  # a CPU has no production kernel to compare with
-    monkeypatch.undo()
+    softmax = kernels.modules()["softmax"]
+    with monkeypatch.context() as m:
+        m.setattr(device, "current", lambda: types.SimpleNamespace(is_gpu=False))
+        assert _bench.peer("softmax") is None  # a CPU has no production kernel to compare with
     monkeypatch.setattr(softmax, "peer", lambda name: None)  # as on a GPU host without Liger-Kernel
     assert benchmark.main(["softmax", "--sizes", "5x33"]) == 0
     out = capsys.readouterr().out

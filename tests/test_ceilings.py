@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -10,11 +11,9 @@ from labkit import ceilings
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """An empty cache, and quick-mode sizes on any device: these tests check caching, not the figures
-    (a full-size measurement takes a minute on a GPU; conftest restores the device setup)."""
+    (a full-size measurement takes a minute on a GPU)."""
     monkeypatch.setenv("LABKIT_CACHE", str(tmp_path))
-    now = labkit.device.current()
-    labkit.device._current = labkit.device.Setup(device=now.device, quick=True,
-                                                 triton_interpreter=now.triton_interpreter)
+    monkeypatch.setattr(labkit.device, "_current", dataclasses.replace(labkit.device.current(), quick=True))
     return tmp_path
 
 

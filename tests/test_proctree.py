@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ def test_a_grandchild_is_below_its_grandparent_and_the_table_holds_resident_page
             found = proctree.below(child.pid, procs)
             if found:
                 break
-            subprocess.run(["sleep", "0.05"])
+            time.sleep(0.05)
         assert len(found) == 1 and procs[found[0]][0] == child.pid
         assert child.pid in proctree.below(os.getpid(), procs) and procs[os.getpid()][1] > 0
         assert proctree.below(found[0], procs) == [] and os.getpid() not in proctree.below(child.pid, procs)

@@ -56,7 +56,7 @@ def test_a_reference_batch_is_added_to_its_machine_and_keeps_the_other_notebooks
     def batch(name: str, gpus: str) -> None:
         out = tmp_path / f"build-{gpus}"
         out.mkdir()
-        (out / "10_model_parallel.ipynb").write_text(json.dumps(nb))
+        (out / f"{name}.ipynb").write_text(json.dumps(nb))
         summary = {"machine": {"GPU": "NVIDIA H200", "GPUs": gpus, "torch": "2.11.0"},
                    "finished": "2026-11-23T10:00:00+00:00",
                    "notebooks": [{"notebook": f"/host/notebooks/{name}.ipynb", "output": str(out / f"{name}.ipynb"),

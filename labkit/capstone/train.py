@@ -167,8 +167,9 @@ GPU_RTOL = 3e-2
 
 def tolerance(v: Variant, device: torch.device | str = "cpu") -> float:
     """Relative tolerance of a variant's loss after N steps against the baseline's, on `device`."""
-    here = LOW_RTOL if (v.tf32 or v.bf16) else FP32_RTOL
-    return max(here, GPU_RTOL) if torch.device(device).type == "cuda" else here
+    if torch.device(device).type == "cuda":
+        return GPU_RTOL
+    return LOW_RTOL if (v.tf32 or v.bf16) else FP32_RTOL
 
 
 def final_loss(losses: list[float]) -> float:

@@ -12,7 +12,6 @@ import math
 import os
 import sys
 import time
-from contextlib import AbstractContextManager
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -87,12 +86,6 @@ def slow_train(params: dict[str, torch.Tensor], xs: torch.Tensor, ys: torch.Tens
     return {k: p.detach() for k, p in params.items()}, torch.tensor(losses)
 
 
-def one_thread(on: bool = True) -> AbstractContextManager:
-    """torch on one CPU thread inside the block: the workload's matmuls are tiny, and several threads on a busy
-    machine wait for each other (a timing of scheduling, not of the code)."""
-    return threads(1 if on else None)
-
-
 def _timed(fn, args: tuple, hyper: dict, device: torch.device) -> tuple[object, float]:
     if device.type == "cuda":
         _SYNC()
@@ -162,7 +155,8 @@ def call_fast_train(fn, args):
     device = torch.device(args.get("device", "cpu"))
     sizes, hyper = args["sizes"], args["hyper"]
     runs, slow_s, fast_s = [], [], []
-    with one_thread(device.type == "cpu"):
+    # one CPU thread: the matmuls are tiny, and several threads on a busy machine time the scheduler
+    with threads(1 if device.type == "cpu" else None):
         for i, seed in enumerate(args["seeds"]):
             for which in (("slow", "fast") if i % 2 == 0 else ("fast", "slow")):
                 problem = make_problem(seed, sizes, device)
@@ -227,7 +221,7 @@ def fast_train_case(about: str, sizes: dict, hyper: dict, seeds: list[int], devi
     results = []
     for seed in seeds:
         params, xs, ys = make_problem(seed, sizes, "cpu", torch.float64)
-        with one_thread():
+        with threads(1):
             p, losses = slow_train(params, xs, ys, **hyper)
         results.append((expect_like({k: v.float() for k, v in p.items()}, device), expect_like(losses.float(), "cpu")))
     return {"about": about, "args": {"sizes": sizes, "hyper": hyper, "seeds": seeds, "device": device},

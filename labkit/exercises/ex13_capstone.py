@@ -22,10 +22,10 @@ from labkit.capstone.data import Corpus, Windows, make_corpus
 from labkit.capstone.model import GPT, GPTConfig
 from labkit.capstone.score import Measured, final, points_for, score
 from labkit.capstone.train import LoopAdamW, RunConfig
-from labkit.exercises.ex11_profiling import one_thread
 from labkit.exercises.inputs import here
 from labkit.exercises.observe import snapshot
 from labkit.exercises.spec import Function
+from labkit.timing import threads
 
 NOTEBOOK = "13_capstone"
 ROUNDS = 5  # timed rounds per side, after one warm-up round each
@@ -140,7 +140,7 @@ def call_make_trainer(fn, args):
     device = torch.device(args["device"])
     work = [workload(args["sizes"], s) for s in args["seeds"]]
     mine, base = [], []
-    with one_thread(device.type == "cpu"):
+    with threads(1 if device.type == "cpu" else None):
         for i, (run, corpus, held) in enumerate(work):
             for who in (("base", "mine") if i % 2 == 0 else ("mine", "base")):
                 if who == "mine":
@@ -156,7 +156,7 @@ def capstone_case(about: str, sizes: dict, seeds: list[int], device: str) -> dic
     """The case: the baseline's losses and held-out logits for each seed (run here), its time, the thresholds."""
     dev = torch.device(device)
     rounds, seconds = [], []
-    with one_thread(dev.type == "cpu"):
+    with threads(1 if dev.type == "cpu" else None):
         for run, corpus, held in (workload(sizes, s) for s in seeds):
             r = one_round(BaselineTrainer, run, corpus, held, dev)
             rounds.append({"losses": r["losses"], "logits": snapshot(r["logits"]), "targets": snapshot(held[1])})

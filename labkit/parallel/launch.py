@@ -49,8 +49,9 @@ def run_bounded(cmd: list[str], env: dict, timeout: float) -> tuple[bool, subpro
     except subprocess.TimeoutExpired:
         pass
     ranks = proctree.below(proc.pid)  # Linux; elsewhere none are found and only torchrun is stopped
-    _signal(ranks, signal.SIGABRT)
-    time.sleep(3)  # time to print their stacks
+    if ranks:
+        _signal(ranks, signal.SIGABRT)
+        time.sleep(3)  # time to print their stacks
     _signal([*proctree.below(proc.pid), *ranks, proc.pid], signal.SIGKILL)
     out, err = proc.communicate()
     return False, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
