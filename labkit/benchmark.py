@@ -7,6 +7,10 @@ labkit.bench() timing function on the package as soon as it was imported.)
 For each kernel and size: the median time (labkit.bench), the rate it implies (GB/s from the
 kernel's minimum bytes, or TFLOP/s for matmul), that rate as a fraction of this machine's
 measured ceiling, and the speed-up over the PyTorch baselines (>1: the Triton kernel is faster).
+By default each call is timed as a training loop makes it (CUDA events around the call, L2 flushed
+before each): the host's launch path counts whenever issuing the call takes the host longer than the
+GPU spends on the flush and the call. --cuda-graph times replays of a CUDA graph of the calls instead
+(every column alike): the GPU's time alone.
 On a machine without a GPU it runs tiny sizes through the Triton interpreter (a smoke test:
 the times mean nothing there).
 """
@@ -68,17 +72,18 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-def _time(fn, quick_cpu: bool) -> Timing:
+def _time(fn, quick_cpu: bool, cuda_graph: bool = False) -> Timing:
     if quick_cpu:
         return bench(fn, warmup_ms=1, rep_ms=5, min_reps=3)
-    return bench(fn)
+    return bench(fn, cuda_graph=cuda_graph)
 
 
 def _ceiling(ceil, case: BenchCase, dtype_name: str) -> float | None:
     return ceil.matmul_tflops.get(dtype_name) if case.unit == "TFLOP/s" else ceil.copy_gbps
 
 
-def run_kernel(case: BenchCase, sizes: list[str], dtypes: list[str], use_compile: bool, ceil) -> list[Row]:
+def run_kernel(case: BenchCase, sizes: list[str], dtypes: list[str], use_compile: bool, ceil,
+               cuda_graph: bool = False) -> list[Row]:
     from tqdm.auto import tqdm
 
     quick_cpu = not labkit.current().is_gpu
@@ -87,12 +92,19 @@ def run_kernel(case: BenchCase, sizes: list[str], dtypes: list[str], use_compile
     for size, dtype_name in tqdm(jobs, desc=case.name, unit="case", leave=False):
         with tf32(dtype_name == "tf32"):
             timed = case.make(parse_shape(size), DTYPES[dtype_name], use_compile)
-            t = _time(timed.triton, quick_cpu)
+            try:
+                t = _time(timed.triton, quick_cpu, cuda_graph)
+            except RuntimeError as exc:  # e.g. a call that a CUDA graph cannot capture (host copies, syncs)
+                if not cuda_graph:
+                    raise
+                tqdm.write(f"{case.name} {timed.shape} {dtype_name}: skipped, a CUDA graph cannot capture it: "
+                           f"{str(exc).splitlines()[0][:120]}")
+                continue
             base = {}
             for name in case.baselines:
                 fn = timed.baselines.get(name)
                 try:
-                    base[name] = _time(fn, quick_cpu).median_ms if fn is not None else None
+                    base[name] = _time(fn, quick_cpu, cuda_graph).median_ms if fn is not None else None
                 except Exception as exc:  # a baseline that cannot run here (e.g. torch.compile without a compiler)
                     tqdm.write(f"{case.name} {timed.shape} {dtype_name}: {name} baseline failed: "
                                f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
@@ -131,7 +143,7 @@ def _fmt_num(v: float) -> str:
     return f"{v:,.1f}" if v >= 100 else f"{v:.3g}"
 
 
-def save(rows: list[Row], path: Path, ceil: labkit.ceilings.Ceilings) -> list[Path]:
+def save(rows: list[Row], path: Path, ceil: labkit.ceilings.Ceilings, timing: str = "events") -> list[Path]:
     """Write PATH.csv, PATH.json and PATH.png (any suffix on PATH is dropped)."""
     base = path.with_suffix("") if path.suffix in (".csv", ".json", ".png") else path
     base.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +159,7 @@ def save(rows: list[Row], path: Path, ceil: labkit.ceilings.Ceilings) -> list[Pa
     from labkit.kernels._bench import peer_versions
     ceilings = asdict(ceil)  # the ones the rows were measured against
     base.with_suffix(".json").write_text(json.dumps({"machine": info, "peers": peer_versions(), "ceilings": ceilings,
-                                                     "rows": [asdict(r) for r in rows]}, indent=1))
+                                                     "timing": timing, "rows": [asdict(r) for r in rows]}, indent=1))
     _plot(rows, base.with_suffix(".png"), info)
     return [base.with_suffix(s) for s in (".csv", ".json", ".png")]
 
@@ -241,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                     "elements for adam) or MxNxK (matmul); default: per kernel, tiny without a GPU")
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="dtypes (default: per kernel; fp32 on the CPU)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines (slow to compile)")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="GPU only: time every column as replays of a CUDA graph of many calls (the GPU's time "
+                         "alone, without the host's launch path, and without flushing L2 between calls)")
     ap.add_argument("--save", type=Path, metavar="PATH", help="write PATH.csv, PATH.json and PATH.png")
     ap.add_argument("--timing-check", action="store_true",
                     help="compare labkit.bench with triton.testing.do_bench on a few kernels, then stop")
@@ -254,19 +269,22 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown kernel(s) {', '.join(unknown)}; choose from {', '.join(cases)}")
     if args.timing_check:
         return timing_check()
+    if args.cuda_graph and not cfg.is_gpu:
+        ap.error("--cuda-graph needs a CUDA GPU (CUDA graphs replay GPU work); leave it out on this machine")
+    timing = "cuda-graph" if args.cuda_graph else "events"
     # torch.compile on the CPU needs a C++ toolchain and a long first compile: GPU only by default.
     use_compile = cfg.is_gpu and not args.no_compile
     ceil = labkit.ceilings.get()
     print(f"{labkit.machine_info().get('GPU') if cfg.is_gpu else 'CPU (Triton interpreter: times are not meaningful)'}"
-          f"; copy ceiling {ceil.copy_gbps:,.0f} GB/s")
+          f"; copy ceiling {ceil.copy_gbps:,.0f} GB/s; timing: {timing}")
     all_rows = []
     for name in args.kernels or list(cases):
         case = cases[name]
         sizes = args.sizes or list(case.gpu_sizes if cfg.is_gpu else case.cpu_sizes)
         dtypes = args.dtypes or list(case.gpu_dtypes if cfg.is_gpu else case.cpu_dtypes)
-        rows = run_kernel(case, sizes, dtypes, use_compile, ceil)
+        rows = run_kernel(case, sizes, dtypes, use_compile, ceil, args.cuda_graph)
         print(table(case, rows), "\n", flush=True)
         all_rows += rows
     if args.save:
-        print("saved", ", ".join(str(p) for p in save(all_rows, args.save, ceil)))
+        print("saved", ", ".join(str(p) for p in save(all_rows, args.save, ceil, timing)))
     return 0

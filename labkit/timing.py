@@ -200,7 +200,7 @@ def _bench_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
         torch.cuda.synchronize()
         # How long is one call? Time a graph of 10 calls, then size the real graph to ~ rep_ms/20.
         probe = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(probe):
+        with torch.cuda.graph(probe, stream=side):  # the warm-up's stream: autograd runs a backward there
             for _ in range(10):
                 fn()
         probe.replay()
@@ -213,7 +213,7 @@ def _bench_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
         per_call = max(start.elapsed_time(end) / 10, 1e-4)
         calls = max(1, min(1000, int(rep_ms / 20 / per_call)))
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=side):
             for _ in range(calls):
                 fn()
         for _ in range(_reps(per_call * calls, warmup_ms, 1, max_reps)):

@@ -43,7 +43,7 @@ def test_bench_runs_two_kernels_and_saves_the_same_columns(tmp_path, capsys):
     matmul_rows = [r for r in rows[1:] if r[0] == "matmul"]
     assert all(r[1] == "33x33x33" and r[6] == "TFLOP/s" for r in matmul_rows)
     saved = json.loads((tmp_path / "b.json").read_text())
-    assert set(saved) == {"machine", "peers", "ceilings", "rows"}
+    assert set(saved) == {"machine", "peers", "ceilings", "timing", "rows"} and saved["timing"] == "events"
     assert list(saved["rows"][0]["baseline_ms"]) == ["eager", "compile"]
     assert saved["ceilings"]["copy_gbps"] > 0 and saved["machine"]["torch"] == torch.__version__
 
@@ -78,3 +78,38 @@ def test_unknown_kernels_are_named_with_the_choices(capsys):
     with pytest.raises(SystemExit):
         benchmark.main(["no_such_kernel"])
     assert "choose from vector_add" in capsys.readouterr().err
+
+
+def test_cuda_graph_timing_needs_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the GPU test below covers --cuda-graph")
+    with pytest.raises(SystemExit):
+        benchmark.main(["vector_add", "--cuda-graph"])
+    assert "--cuda-graph needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_timing_captures_backward_and_forward_backward_rows(tmp_path, capsys):
+    # The backward rows build their forward on the first call, on the stream the graph is captured on.
+    assert benchmark.main(["bias_gelu_bwd", "layer_norm_fb", "--sizes", "1024x1024", "--dtypes", "bf16",
+                           "--no-compile", "--cuda-graph", "--save", str(tmp_path / "g")]) == 0
+    assert "timing: cuda-graph" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "g.json").read_text())
+    assert saved["timing"] == "cuda-graph" and len(saved["rows"]) == 2
+    assert all(r["ms"] > 0 and r["baseline_ms"]["eager"] > 0 for r in saved["rows"])
+
+
+def test_grad_fn_builds_its_forward_once_on_the_first_call():
+    from labkit.kernels._bench import grad_fn
+    calls = []
+    x = torch.randn(5, requires_grad=True)
+
+    def f(t):
+        calls.append(1)
+        return t * 3
+    backward = grad_fn(f, (x,), torch.ones(5))
+    assert calls == []
+    for _ in range(3):
+        (g,) = backward()
+        assert torch.equal(g, torch.full((5,), 3.0))
+    assert calls == [1]

@@ -61,11 +61,17 @@ def bind(fn, *args):
 
 
 def grad_fn(fn, inputs, dy):
-    """A call of the backward alone: the forward graph is built once and kept (retain_graph)."""
+    """A call of the backward alone: the forward graph is built at the first call (on the stream the
+    timing runs on, which a CUDA graph's capture needs) and kept (retain_graph)."""
     if fn is None:
         return None
-    y = fn(*inputs)
-    return lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True)
+    built = []
+
+    def backward():
+        if not built:
+            built.append(fn(*inputs))
+        return torch.autograd.grad(built[0], inputs, dy, retain_graph=True)
+    return backward
 
 
 def randn(*shape: int, dtype: torch.dtype) -> torch.Tensor:
