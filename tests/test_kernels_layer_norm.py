@@ -81,6 +81,36 @@ def test_layer_norm_backward_sums_many_partial_rows(dtype, poison_outputs, close
     close64(db, db64, scale=20)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_two_row_forward_tiles_and_backward_reloading_weight(dtype, poison_outputs, close64, monkeypatch):
+    # Forward tiles of two rows (16-bit rows of 4096+) and a backward that reloads weight every tile
+    # (16-bit rows wider than 4096), on odd sizes and a strided x.
+    mod = kernels.modules()["layer_norm"]
+    monkeypatch.setitem(mod.FWD_TWO_ROWS_FROM, dtype, 200)
+    monkeypatch.setitem(mod.BWD_HOLD_W_MAX_COLS, dtype, 0)
+    base = randn(301, 260, dtype=dtype) * 3 + 1
+    x = base[:, 3:258]  # strided rows of 255, 301 of them: the last tile is mostly padding rows
+    assert mod._fwd_tile(255, dtype)[0] >= 2
+    w, b, dy = randn(255, dtype=dtype), randn(255, dtype=dtype), randn(301, 255, dtype=dtype)
+    y, mean, rstd = layer_norm_forward(x, w, b)
+    dx, dw, db = layer_norm_backward(dy, x, w, mean, rstd)
+    y64, dx64, dw64, db64 = grads64(x, w, b, dy)
+    close64(y, y64)
+    close64(dx, dx64, scale=2)
+    close64(dw, dw64, scale=20)
+    close64(db, db64, scale=20)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_sum_partials_adds_each_stack_and_rounds_once(dtype):
+    from labkit.kernels._common import sum_partials
+    partial = randn(3, 77, 131)  # three stacks of 77 rows: more than one block of rows and of columns
+    out = sum_partials(partial, dtype)
+    assert out.shape == (3, 131) and out.dtype == dtype
+    tol = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]  # one rounding to dtype
+    torch.testing.assert_close(out.double(), partial.double().sum(1), rtol=tol, atol=tol * 10)
+
+
 def test_layer_norm_bad_inputs():
     x, w = randn(3, 8), randn(8)
     with pytest.raises(ValueError, match=r"weight must have shape .*\(8,\); got \(9,\)"):

@@ -59,12 +59,13 @@ def test_softmax_counts():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_split_rows_match_float64(dtype, poison_outputs, close64, monkeypatch):
-    # Every dtype through the split path (forced: by default only fp32 rows are split).
+    # Every dtype through the split path (forced: by default only long rows, or few rows, are split).
     mod = kernels.modules()["softmax"]
     monkeypatch.setitem(mod.SPLIT_CHUNK, dtype, 64)  # rows of 333 take six chunks, the last one partial
     x = randn(5, 333, dtype=dtype)
     x[1, 300] = 40.0  # the row maximum sits in the last chunk
     x[3, :200] = -float("inf")  # whole chunks of -inf (masked attention): their sums must count as 0
+    x[4] *= 30  # chunk maxima far apart: each chunk's exp(x - chunk max) is rescaled by exp(chunk max - row max)
     close64(kernels.softmax(x, split=True), torch.softmax(x.double(), dim=-1))
     xs = randn(3, 400, dtype=dtype)[:, 7:300]  # strided rows of 293
     close64(kernels.softmax(xs, split=True), torch.softmax(xs.double(), dim=-1))
@@ -79,4 +80,5 @@ def test_split_is_chosen_for_long_or_few_rows():
     assert not use_split(65536, 1024, torch.bfloat16, cpu)
     assert use_split(2, 16384, torch.float32, cpu)  # two rows: chunks give the SMs work
     assert not use_split(2, 1024, torch.float32, cpu)
-    assert not use_split(1024, 65536, torch.bfloat16, cpu)  # 16-bit long rows stream (as fast, measured)
+    assert use_split(1024, 65536, torch.bfloat16, cpu)  # 16-bit long rows split too (one exp per element)
+    assert not use_split(1024, MAX_FUSED_COLS[torch.bfloat16], torch.bfloat16, cpu)

@@ -6,6 +6,8 @@ import os
 from typing import Iterable
 
 import torch
+import triton
+import triton.language as tl
 
 from labkit.device import current
 
@@ -93,6 +95,36 @@ def row_tile(n_cols: int, min_tile: int, elems_per_thread: int, max_warps: int =
     if INTERPRETED:
         num_warps = 1
     return block_m, block_n, num_warps
+
+
+@triton.jit
+def sum_partials_kernel(partial_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    # partial_ptr: fp32 (T, P, N), T stacks of P partial rows; out_ptr: (T, N) in the output dtype.
+    # Program (j, t) adds up columns j*BLOCK_N... of stack t over its P rows and rounds once.
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    t = tl.program_id(1)
+    col_mask = cols < N
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    for start in range(0, P, BLOCK_P):
+        r = start + tl.arange(0, BLOCK_P)
+        mask = (r < P)[:, None] & col_mask[None, :]
+        acc += tl.sum(tl.load(partial_ptr + (t * P + r[:, None]).to(tl.int64) * N + cols[None, :], mask=mask,
+                              other=0.0), axis=0)
+    tl.store(out_ptr + t * N + cols, acc.to(out_ptr.dtype.element_ty), mask=col_mask)
+
+
+def sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(T, N) sums over the middle dim of fp32 `partial` (T, P, N), rounded once to `dtype`.
+
+    The backward kernels leave per-program partial sums of dweight/dbias; narrow column blocks give
+    enough programs to keep this short (a few blocks over wide ones left most SMs idle).
+    """
+    T, P, N = partial.shape
+    out = torch.empty((T, N), dtype=dtype, device=partial.device)
+    block_n = 32 if INTERPRETED else 64
+    sum_partials_kernel[(triton.cdiv(N, block_n), T)](partial, out, P, N, BLOCK_P=32, BLOCK_N=block_n,
+                                                      num_warps=1 if INTERPRETED else 4)
+    return out
 
 
 class Launcher:

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (INTERPRETED, check_same_device, check_same_dtype, check_tensor, num_sms, row_tile,
-                                    rows_2d)
+from labkit.kernels._common import (INTERPRETED, check_same_device, check_same_dtype, check_tensor, next_pow2, num_sms,
+                                    row_tile, rows_2d, sum_partials)
 
 MAX_COLS = 16384  # a whole row is held in registers
 
@@ -48,6 +48,7 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
 @triton.jit
 def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, stride_x, stride_y, eps,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # x_ptr, y_ptr: (M, N) rows; w_ptr, b_ptr: (N,); mean_ptr, rstd_ptr: fp32 (M,) for the backward.
     # A tile of BLOCK_M whole rows: statistics in fp32 registers, one read of x, one write of y.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -70,13 +71,16 @@ def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, 
 @triton.jit
 def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
                           M, N, stride_dy, stride_x, stride_dx, n_row_tiles,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
+                          HOLD_W: tl.constexpr):
     # Program p handles row tiles p, p + P, p + 2P, ... (P programs): it writes dx for those rows
     # and sums dy * xhat and dy over them, then stores the two partial sums as row p of
     # dw_partial / db_partial; the caller adds the P partial rows up.
     # With PREFETCH, each iteration first issues the loads of the *next* tile, so they are in flight
     # while this tile is reduced and written (a hand-made two-stage pipeline); wide rows skip it,
     # as two tiles of x and dy would no longer fit in registers (the spills cost more than it saves).
+    # HOLD_W keeps weight in registers for the whole loop; very wide rows reload it from L2 each tile
+    # instead, leaving the registers to x, dy and the two accumulators.
     p = tl.program_id(0)
     n_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
@@ -98,6 +102,8 @@ def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_p
         rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = (rows < M)[:, None] & col_mask[None, :]
         xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        if not HOLD_W:
+            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         wdy = w[None, :] * dy
         # dx = rstd * (w dy - mean(w dy) - xhat * mean(xhat w dy))
         c1 = tl.sum(xhat * wdy, axis=1) / N
@@ -109,24 +115,6 @@ def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_p
         db_acc += dy
     tl.store(dw_partial_ptr + p * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
     tl.store(db_partial_ptr + p * N + cols, tl.sum(db_acc, axis=0), mask=col_mask)
-
-
-@triton.jit
-def sum_partials_kernel(partial_ptr, dw_ptr, db_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    # partial_ptr: fp32 (2, P, N), the backward's partial rows of dweight then dbias; dw_ptr, db_ptr:
-    # the (N,) outputs in the weight's dtype. One launch adds up both and rounds (instead of four torch ops).
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    dw = tl.zeros((BLOCK_N,), tl.float32)
-    db = tl.zeros((BLOCK_N,), tl.float32)
-    for start in range(0, P, BLOCK_P):
-        r = start + tl.arange(0, BLOCK_P)
-        offs = r[:, None] * N + cols[None, :]
-        mask = (r < P)[:, None] & col_mask[None, :]
-        dw += tl.sum(tl.load(partial_ptr + offs, mask=mask, other=0.0), axis=0)
-        db += tl.sum(tl.load(partial_ptr + P * N + offs, mask=mask, other=0.0), axis=0)
-    tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=col_mask)
-    tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty), mask=col_mask)
 
 
 @triton.jit
@@ -145,16 +133,22 @@ def _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, tile, M, cols, col_mask, str
 
 
 # Tile choices (swept on an H200): (min elements per tile, values per thread) of the forward by
-# dtype; the backward's values per thread by dtype and its programs per SM, each for (rows of up
-# to 4096, wider rows), and the widest row it prefetches.
+# dtype, and the row width from which a forward tile holds two rows; the backward's values per thread
+# by dtype and its programs per SM, each for (rows of up to 4096, wider rows), the widest row it
+# prefetches and, by dtype, the widest row that keeps weight in registers.
 FWD_TILE = {torch.float32: (1024, 16), torch.float16: (4096, 32), torch.bfloat16: (4096, 32)}
-BWD_VALUES_PER_THREAD = {torch.float32: (32, 16), torch.float16: (32, 32), torch.bfloat16: (32, 32)}
+FWD_TWO_ROWS_FROM = {torch.float32: 1 << 30, torch.float16: 4096, torch.bfloat16: 4096}
+BWD_VALUES_PER_THREAD = {torch.float32: (16, 16), torch.float16: (16, 32), torch.bfloat16: (16, 32)}
 BWD_PROGRAMS_PER_SM = {torch.float32: (1, 1), torch.float16: (2, 1), torch.bfloat16: (2, 1)}
 BWD_PREFETCH_MAX_COLS = 4096
+BWD_HOLD_W_MAX_COLS = {torch.float32: 16384, torch.float16: 4096, torch.bfloat16: 4096}
 
 
 def _fwd_tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    return row_tile(N, *FWD_TILE[dtype])
+    min_tile, per_thread = FWD_TILE[dtype]
+    if N >= FWD_TWO_ROWS_FROM[dtype]:  # 16-bit rows of 4096+: two rows a tile kept more bytes in flight
+        min_tile = max(min_tile, 2 * next_pow2(N))
+    return row_tile(N, min_tile, per_thread)
 
 
 def _bwd_tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -187,16 +181,14 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     row_tiles = triton.cdiv(M, bm)
     programs = max(1, min(row_tiles, BWD_PROGRAMS_PER_SM[x.dtype][N > 4096] * num_sms(x.device)))
     partial = torch.empty((2, programs, N), dtype=torch.float32, device=x.device)
-    dw, db = torch.empty_like(weight), torch.empty_like(weight)
     if x2.numel():
         layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
                                            dy2.stride(0), x2.stride(0), dx.stride(0), row_tiles, BLOCK_M=bm,
-                                           BLOCK_N=bn, PREFETCH=N <= BWD_PREFETCH_MAX_COLS, num_warps=warps)
+                                           BLOCK_N=bn, PREFETCH=N <= BWD_PREFETCH_MAX_COLS,
+                                           HOLD_W=N <= BWD_HOLD_W_MAX_COLS[x.dtype], num_warps=warps)
     else:
         partial.zero_()
-    block_n = 32 if INTERPRETED else 256
-    sum_partials_kernel[(triton.cdiv(N, block_n),)](partial, dw, db, programs, N, BLOCK_P=32, BLOCK_N=block_n,
-                                                    num_warps=1 if INTERPRETED else 4)
+    dw, db = sum_partials(partial, weight.dtype)
     return dx.view(x.shape), dw, db
 
 

@@ -2,9 +2,9 @@
 
 With x of shape (..., N) holding n elements: bytes: read x once, write y once: 2 * n * element_size.
 FLOPs: about 4 per element (subtract, exp, add, divide). Memory-bound: one pass over memory when
-a whole row fits in registers. Longer fp32 rows are split into chunks across programs (see
-softmax_split_kernel), so each element is still read once and written once; longer 16-bit rows
-stream through one program per row (two reads), which measured as fast for them.
+a whole row fits in registers. Longer rows (and rows too few to fill the GPU) are split into chunks
+across programs (see softmax_split_kernel), so each element is still read once and written once, with
+one exp per element. The streaming kernel (two reads of each row) is kept for teaching and testing.
 """
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ import triton.language as tl
 
 from labkit.kernels._common import INTERPRETED, builds_graph, check_tensor, next_pow2, num_sms, row_tile, rows_2d
 
-# Longest row kept whole in registers (one read, one write); longer rows stream through in chunks.
+# Longest row kept whole in registers (one read, one write); longer rows are split across programs.
 MAX_FUSED_COLS = {torch.float32: 16384, torch.float16: 32768, torch.bfloat16: 32768}
-ONLINE_BLOCK = 4096
-# Split rows: each program holds SPLIT_CHUNK[dtype] elements of a row in registers (SPLIT_WARPS warps).
-# On an H200 it beat the streaming kernel for fp32 rows (74% vs 60% of copy bandwidth at 1024x65536)
-# but not for 16-bit ones (54% vs 55%), which therefore stream (see use_split).
-SPLIT_CHUNK = {torch.float32: 8192, torch.float16: 16384, torch.bfloat16: 16384}
-SPLIT_WARPS = 16
+# The streaming kernel: BLOCK elements per step, ONLINE_WARPS warps, ONLINE_PROGRAMS_PER_SM programs per SM.
+ONLINE_BLOCK, ONLINE_WARPS, ONLINE_PROGRAMS_PER_SM = 8192, 16, 4
+# Split rows: each program holds SPLIT_CHUNK elements of a row in registers (SPLIT_WARPS warps); swept on
+# an H200 at 1024x65536 and 256x131072 (fp32 and bf16).
+SPLIT_CHUNK = {torch.float32: 8192, torch.float16: 8192, torch.bfloat16: 8192}
+SPLIT_WARPS = 4
 
 
 def min_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
@@ -59,7 +59,8 @@ def softmax_kernel(x_ptr, y_ptr, M, N, stride_x, stride_y, BLOCK_M: tl.constexpr
 def softmax_online_kernel(x_ptr, y_ptr, M, N, stride_x, stride_y, BLOCK_N: tl.constexpr):
     # Rows too long for registers. Pass 1 streams the row once, keeping per-lane running maxima
     # m and sums s of exp(x - m), rescaling s by exp(m_old - m_new) whenever m grows.
-    # Pass 2 reads the row again and writes exp(x - max) / sum.
+    # Pass 2 reads the row again and writes exp(x - max) / sum. The cache hints keep the row in L2
+    # for pass 2 (evict_last) and stop the output from pushing it out (.cs: streaming stores).
     for row in range(tl.program_id(0), M, tl.num_programs(0)):
         x_row = x_ptr + tl.cast(row, tl.int64) * stride_x
         y_row = y_ptr + tl.cast(row, tl.int64) * stride_y
@@ -67,7 +68,8 @@ def softmax_online_kernel(x_ptr, y_ptr, M, N, stride_x, stride_y, BLOCK_N: tl.co
         s = tl.zeros((BLOCK_N,), tl.float32)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            x = tl.load(x_row + cols, mask=cols < N, other=float("-inf")).to(tl.float32)
+            x = tl.load(x_row + cols, mask=cols < N, other=float("-inf"), eviction_policy="evict_last")
+            x = x.to(tl.float32)
             m_new = tl.maximum(m, x)
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # lanes that have seen only padding
             s = s * tl.exp(m - m_safe) + tl.exp(x - m_safe)
@@ -77,8 +79,9 @@ def softmax_online_kernel(x_ptr, y_ptr, M, N, stride_x, stride_y, BLOCK_N: tl.co
         inv = 1.0 / row_sum
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            x = tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)
-            tl.store(y_row + cols, (tl.exp(x - row_max) * inv).to(y_ptr.dtype.element_ty), mask=cols < N)
+            x = tl.load(x_row + cols, mask=cols < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            tl.store(y_row + cols, (tl.exp(x - row_max) * inv).to(y_ptr.dtype.element_ty), mask=cols < N,
+                     cache_modifier=".cs")
 
 
 @triton.jit
@@ -89,7 +92,8 @@ def softmax_split_kernel(x_ptr, y_ptr, part_ptr, count_ptr, M, N, stride_x, stri
     # chunks, count[M] hands out work tickets.
     # Few, long rows: one program per row would leave SMs idle and re-read the row. Instead each
     # program keeps one CHUNK of a row in registers, publishes its partial (max, sum), waits for the
-    # row's other chunks, then normalises the chunk it still holds: one read, one write.
+    # row's other chunks, then normalises the chunk it still holds: one read, one write. It keeps
+    # e = exp(x - chunk max), so normalising is e * exp(chunk max - row max) / row sum: one exp per element.
     # STAGE 0 (GPU): all in one launch. Work goes by ticket (atomic counter), so every chunk a program
     # waits for is held by a program already running or by one that starts when another finishes.
     # STAGE 1 then STAGE 2 (the interpreter, which runs programs one after another): two launches,
@@ -104,11 +108,12 @@ def softmax_split_kernel(x_ptr, y_ptr, part_ptr, count_ptr, M, N, stride_x, stri
     mask = cols < N
     x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
     part = part_ptr + row.to(tl.int64) * SPLITS * 2
+    m = tl.max(x, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # a chunk of -inf only: e and its sum are 0
+    e = tl.exp(x - m_safe)
     if STAGE != 2:
-        m = tl.max(x, axis=0)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)  # a chunk of -inf only: its sum is 0
         tl.store(part + 2 * s, m)
-        tl.store(part + 2 * s + 1, tl.sum(tl.exp(x - m_safe), axis=0))
+        tl.store(part + 2 * s + 1, tl.sum(e, axis=0))
         if STAGE == 0:
             tl.atomic_add(count_ptr + row, 1, sem="release")  # after the partial's stores
             # (On an H200, spinning on acquire atomics measured faster than volatile loads plus barriers.)
@@ -120,8 +125,8 @@ def softmax_split_kernel(x_ptr, y_ptr, part_ptr, count_ptr, M, N, stride_x, stri
         ps = tl.load(part + 2 * j + 1, mask=j < SPLITS, other=0.0, volatile=True)
         row_max = tl.max(pm, axis=0)
         row_sum = tl.sum(ps * tl.exp(pm - row_max), axis=0)
-        y = tl.exp(x - row_max) * (1.0 / row_sum)
-        tl.store(y_ptr + row.to(tl.int64) * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        scale = tl.where(m == float("-inf"), 0.0, tl.exp(m - row_max) / row_sum)
+        tl.store(y_ptr + row.to(tl.int64) * stride_y + cols, (e * scale).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = None) -> torch.Tensor:
@@ -155,10 +160,8 @@ class _Softmax(torch.autograd.Function):
 
 
 def use_split(M: int, N: int, dtype: torch.dtype, device: torch.device) -> bool:
-    """Split fp32 rows across programs when a row is too long for one program, or when there are
-    too few rows to fill every SM twice and each row still gives several chunks."""
-    if dtype != torch.float32:
-        return False
+    """Split rows across programs when a row is too long for one program, or when there are too few
+    rows to fill every SM twice and each row still gives several chunks."""
     return N > MAX_FUSED_COLS[dtype] or (M < 2 * num_sms(device) and N >= 2 * SPLIT_CHUNK[dtype])
 
 
@@ -200,9 +203,9 @@ def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = N
                                               BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
     else:
         block = min(ONLINE_BLOCK, next_pow2(N))
-        programs = min(M, 16 * num_sms(x.device))
+        programs = min(M, ONLINE_PROGRAMS_PER_SM * num_sms(x.device))
         softmax_online_kernel[(programs,)](x2, y, M, N, x2.stride(0), y.stride(0), BLOCK_N=block,
-                                           num_warps=1 if INTERPRETED else 8)
+                                           num_warps=1 if INTERPRETED else ONLINE_WARPS)
     return y.view(x.shape)
 
 

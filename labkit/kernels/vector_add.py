@@ -42,7 +42,7 @@ def vector_add_kernel(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
     tl.store(z_ptr + offsets, z.to(z_ptr.dtype.element_ty), mask=mask)
 
 
-BLOCK = 4096
+BLOCK, NUM_WARPS = 1024, 4  # swept on an H200 (1M and 16M elements, fp32 and bf16, both timing modes)
 # (dtype, device) pairs that passed the checks once: later calls with them skip the checks.
 _checked: set = set()
 
@@ -77,7 +77,7 @@ def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             and y.is_contiguous() and 0 < x.numel() < 2**31:
         n = x.numel()
         z = torch.empty_like(x)
-        vector_add_kernel[((n + BLOCK - 1) // BLOCK,)](x, y, z, n, BLOCK=BLOCK, num_warps=8)
+        vector_add_kernel[((n + BLOCK - 1) // BLOCK,)](x, y, z, n, BLOCK=BLOCK, num_warps=NUM_WARPS)
         return z
     check_tensor("vector_add", "x", x, FLOAT_DTYPES)
     check_tensor("vector_add", "y", y, FLOAT_DTYPES)
@@ -93,10 +93,10 @@ def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     z = torch.empty_like(x, memory_format=torch.contiguous_format)
     if n == 0:
         return z
-    # 4096 elements per program and 8 warps (256 threads): each thread adds 16 pairs,
-    # loading them in 16-byte pieces; cdiv(n, 4096) programs cover the whole array.
+    # BLOCK elements per program and NUM_WARPS warps (1024 and 4: 128 threads, each adding 8 pairs,
+    # loaded in 16-byte pieces for fp32); cdiv(n, BLOCK) programs cover the whole array.
     grid = (triton.cdiv(n, BLOCK),)
-    vector_add_kernel[grid](x, y, z, n, BLOCK=BLOCK, num_warps=1 if INTERPRETED else 8)
+    vector_add_kernel[grid](x, y, z, n, BLOCK=BLOCK, num_warps=1 if INTERPRETED else NUM_WARPS)
     _checked.add((x.dtype, y.dtype, x.device, y.device))
     return z
 
