@@ -216,9 +216,9 @@ def input_precision(dtype: torch.dtype) -> str:
 TF32_B_K_MAJOR = True
 
 # TMA kernel tiles: (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, GROUP_M, persistent, flatten), keyed on
-# (operand bits, n), n the nearest of 2048/4096/8192 to (M N K)^(1/3): the fastest in a sweep on an H200
-# (cuBLAS time / ours: bf16 0.99, 1.01, 1.05; TF32 with B K-major 0.95, 0.94, 0.93). fp16 takes bf16's
-# tiles. Full fp32 (allow_tf32 off, no tensor cores) stays on the pointer kernel. The shared memory
+# (operand bits, n), n the nearest of 2048/4096/8192 to (M N K)^(1/3): the fastest in sweeps on H200s
+# (cuBLAS time / ours: bf16 0.99, 1.01, 1.05; TF32 with B already K-major 0.92-0.95, 0.92-0.94, 0.92-1.02,
+# before the K-major copy). fp16 takes bf16's tiles. Full fp32 (allow_tf32 off, no tensor cores) stays on the pointer kernel. The shared memory
 # a config needs, num_stages * (BLOCK_M + BLOCK_N) * BLOCK_K * element bytes, stays under 227 KiB.
 TMA_CONFIGS = {
     (16, 2048): (128, 256, 64, 3, 8, 8, True, True),
@@ -226,7 +226,7 @@ TMA_CONFIGS = {
     (16, 8192): (256, 128, 64, 3, 8, 8, False, False),
     (32, 2048): (128, 128, 32, 5, 8, 8, True, True),
     (32, 4096): (128, 128, 32, 5, 8, 8, True, True),
-    (32, 8192): (128, 128, 32, 5, 8, 8, True, False),
+    (32, 8192): (128, 128, 32, 5, 8, 8, False, False),
 }
 INTERPRETER_TMA_CONFIG = (32, 32, 32, 1, 1, 4, True, True)  # small tiles: the interpreter is slow per element
 # Below this many multiply-adds a GPU keeps the autotuned pointer kernel: the table was measured at
