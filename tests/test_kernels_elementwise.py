@@ -154,3 +154,16 @@ def test_launcher_keys_on_what_triton_specialises():
     assert _spec(1.5) is float and _spec(True) is bool
     t = torch.zeros(8)
     assert _spec(t) == (torch.float32, True) and _spec(t[1:]) == (torch.float32, False)
+
+
+def test_launcher_keys_tma_descriptors_on_their_dtype_and_block():
+    # matmul's one TMA launcher serves every dtype: descriptors of fp16 and bf16 tiles need two binaries.
+    pytest.importorskip("triton.tools.tensor_descriptor")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from labkit.kernels._common import _spec
+    h, b = (TensorDescriptor.from_tensor(torch.zeros(32, 32, dtype=d), [16, 16])
+            for d in (torch.float16, torch.bfloat16))
+    assert _spec(h) != _spec(b)
+    assert _spec(h) == _spec(TensorDescriptor.from_tensor(torch.ones(64, 32, dtype=torch.float16), [16, 16]))
+    assert _spec(h) != _spec(TensorDescriptor.from_tensor(torch.zeros(32, 32, dtype=torch.float16), [32, 16]))

@@ -61,7 +61,7 @@ def test_softmax_counts():
 def test_split_rows_match_float64(dtype, poison_outputs, close64, monkeypatch):
     # Every dtype through the split path (forced: by default only long rows, or few rows, are split).
     mod = kernels.modules()["softmax"]
-    monkeypatch.setitem(mod.SPLIT_CHUNK, dtype, 64)  # rows of 333 take six chunks, the last one partial
+    monkeypatch.setattr(mod, "SPLIT_CHUNK", 64)  # rows of 333 take six chunks, the last one partial
     x = randn(5, 333, dtype=dtype)
     x[1, 300] = 40.0  # the row maximum sits in the last chunk
     x[3, :200] = -float("inf")  # whole chunks of -inf (masked attention): their sums must count as 0

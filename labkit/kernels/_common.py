@@ -162,10 +162,12 @@ class Launcher:
 
 
 def _spec(a) -> object:
-    """What Triton specialises an argument on: a tensor's dtype and 16-byte alignment; an integer's
-    divisibility by 16, being 1, and whether it needs 64 bits."""
+    """What Triton specialises an argument on: a tensor's dtype and 16-byte alignment; a TMA descriptor's
+    dtype and block; an integer's divisibility by 16, being 1, and whether it needs 64 bits."""
     if isinstance(a, torch.Tensor):
         return a.dtype, a.data_ptr() % 16 == 0
+    if hasattr(a, "block_shape") and isinstance(getattr(a, "base", None), torch.Tensor):  # TensorDescriptor
+        return type(a), a.base.dtype, tuple(a.block_shape)
     if isinstance(a, bool) or not isinstance(a, int):
         return type(a)
     return a % 16 == 0, a == 1, -2**31 <= a < 2**31

@@ -79,6 +79,15 @@ def prune(configs: list, named_args: dict, **kwargs) -> list:
     return fits
 
 
+@triton.jit
+def _pid(tile_id, num_pid_in_group, num_pid_m, GROUP_M: tl.constexpr):
+    """Tile number -> (tile row, tile column), GROUP_M tile rows at a time (see matmul_kernel)."""
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    return first_pid_m + (tile_id % group_size_m), (tile_id % num_pid_in_group) // group_size_m
+
+
 @triton.autotune(configs=configs(), key=["M", "N", "K", "INPUT_PRECISION"],
                  prune_configs_by={"early_config_prune": prune})
 @triton.jit
@@ -87,15 +96,8 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
                   INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     # Program -> output tile, grouped ("swizzled"): GROUP_M tile rows are walked column by column,
     # so programs running at the same time share A rows and B columns in the L2 cache.
-    pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = _pid(tl.program_id(0), GROUP_M * tl.cdiv(N, BLOCK_N), num_pid_m, GROUP_M)
 
     # Rows of A and columns of B this tile needs; indices past the edge wrap around (% M, % N):
     # those rows/columns are computed but never stored, so the loads need no mask.
@@ -124,15 +126,6 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
     c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
     mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _pid(tile_id, num_pid_in_group, num_pid_m, GROUP_M: tl.constexpr):
-    """Tile number -> (tile row, tile column), grouped as in matmul_kernel."""
-    group_id = tile_id // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    return first_pid_m + (tile_id % group_size_m), (tile_id % num_pid_in_group) // group_size_m
 
 
 @triton.jit
@@ -218,8 +211,9 @@ TF32_B_K_MAJOR = True
 # TMA kernel tiles: (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, GROUP_M, persistent, flatten), keyed on
 # (operand bits, n), n the nearest of 2048/4096/8192 to (M N K)^(1/3): the fastest in sweeps on H200s
 # (cuBLAS time / ours: bf16 0.99, 1.01, 1.05; TF32 with B already K-major 0.92-0.95, 0.92-0.94, 0.92-1.02,
-# before the K-major copy). fp16 takes bf16's tiles. Full fp32 (allow_tf32 off, no tensor cores) stays on the pointer kernel. The shared memory
-# a config needs, num_stages * (BLOCK_M + BLOCK_N) * BLOCK_K * element bytes, stays under 227 KiB.
+# before the K-major copy). fp16 takes bf16's tiles. Full fp32 (allow_tf32 off, no tensor cores) stays on
+# the pointer kernel. The shared memory a config needs, num_stages * (BLOCK_M + BLOCK_N) * BLOCK_K * element
+# bytes, stays under 227 KiB.
 TMA_CONFIGS = {
     (16, 2048): (128, 256, 64, 3, 8, 8, True, True),
     (16, 4096): (128, 256, 64, 3, 8, 8, True, False),
@@ -298,8 +292,7 @@ def plan(a: torch.Tensor, b: torch.Tensor) -> Plan:
 
 _launch = Launcher(matmul_kernel.fn)
 _tuned: dict = {}  # launch key -> (grid, constexprs, options) of the autotuned config
-# One launcher per dtype: its cache keys a descriptor argument by type only, not by the dtype it describes.
-_launch_tma = {dtype: Launcher(matmul_tma_kernel) for dtype in FLOAT_DTYPES}
+_launch_tma = Launcher(matmul_tma_kernel)
 _plans: dict = {}  # (dtype, precision, shapes, strides, alignment, device) -> Plan
 
 
@@ -366,7 +359,7 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         b_desc = (TensorDescriptor.from_tensor(b.t(), [bn, bk]) if p.b_kmajor
                   else TensorDescriptor.from_tensor(b, [bk, bn]))
         descs = (TensorDescriptor.from_tensor(a, [bm, bk]), b_desc, TensorDescriptor.from_tensor(c, [bm, bn]))
-        _launch_tma[a.dtype](p.grid, (*descs, M, N, K), p.meta, **p.options)
+        _launch_tma(p.grid, (*descs, M, N, K), p.meta, **p.options)
         return c
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     upcast = INTERPRETED and a.dtype != torch.float32

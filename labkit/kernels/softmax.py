@@ -22,7 +22,7 @@ MAX_FUSED_COLS = {torch.float32: 16384, torch.float16: 32768, torch.bfloat16: 32
 ONLINE_BLOCK, ONLINE_WARPS, ONLINE_PROGRAMS_PER_SM = 8192, 16, 4
 # Split rows: each program holds SPLIT_CHUNK elements of a row in registers (SPLIT_WARPS warps); swept on
 # an H200 at 1024x65536 and 256x131072 (fp32 and bf16).
-SPLIT_CHUNK = {torch.float32: 8192, torch.float16: 8192, torch.bfloat16: 8192}
+SPLIT_CHUNK = 8192
 SPLIT_WARPS = 4
 
 
@@ -162,12 +162,12 @@ class _Softmax(torch.autograd.Function):
 def use_split(M: int, N: int, dtype: torch.dtype, device: torch.device) -> bool:
     """Split rows across programs when a row is too long for one program, or when there are too few
     rows to fill every SM twice and each row still gives several chunks."""
-    return N > MAX_FUSED_COLS[dtype] or (M < 2 * num_sms(device) and N >= 2 * SPLIT_CHUNK[dtype])
+    return N > MAX_FUSED_COLS[dtype] or (M < 2 * num_sms(device) and N >= 2 * SPLIT_CHUNK)
 
 
 def _softmax_split(x2: torch.Tensor, y: torch.Tensor) -> None:
     M, N = x2.shape
-    chunk = min(SPLIT_CHUNK[x2.dtype], next_pow2(N))
+    chunk = min(SPLIT_CHUNK, next_pow2(N))
     splits = triton.cdiv(N, chunk)
     part = torch.empty((M, splits, 2), dtype=torch.float32, device=x2.device)
     count = torch.zeros(M + 1, dtype=torch.int32, device=x2.device)

@@ -73,12 +73,21 @@ def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     # short: inputs of a kind that passed the checks before go straight to the launch. (On an H200
     # host, Triton 3.6's own launch took 14-20 us of CPU; a launcher of our own that cached the
     # compiled kernel measured 3 us slower, so this is Triton's.)
-    if (x.dtype, y.dtype, x.device, y.device) in _checked and x.shape == y.shape and x.is_contiguous() \
-            and y.is_contiguous() and 0 < x.numel() < 2**31:
-        n = x.numel()
-        z = torch.empty_like(x)
-        vector_add_kernel[((n + BLOCK - 1) // BLOCK,)](x, y, z, n, BLOCK=BLOCK, num_warps=NUM_WARPS)
-        return z
+    if not ((x.dtype, y.dtype, x.device, y.device) in _checked and x.shape == y.shape and x.is_contiguous()
+            and y.is_contiguous() and 0 < x.numel() < 2**31):
+        x, y = _checked_inputs(x, y)
+        if x.numel() == 0:
+            return torch.empty_like(x)
+    n = x.numel()
+    z = torch.empty_like(x)
+    # BLOCK elements per program and NUM_WARPS warps (1024 and 4: 128 threads, each adding 8 pairs,
+    # loaded in 16-byte pieces for fp32); cdiv(n, BLOCK) programs cover the whole array.
+    vector_add_kernel[(triton.cdiv(n, BLOCK),)](x, y, z, n, BLOCK=BLOCK, num_warps=1 if INTERPRETED else NUM_WARPS)
+    return z
+
+
+def _checked_inputs(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and y, contiguous, after the checks (raising a clear error); their kind skips the checks next time."""
     check_tensor("vector_add", "x", x, FLOAT_DTYPES)
     check_tensor("vector_add", "y", y, FLOAT_DTYPES)
     check_same_device("vector_add", x=x, y=y)
@@ -86,19 +95,10 @@ def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if x.shape != y.shape:
         raise ValueError(f"vector_add: x and y must have the same shape: expected y of shape "
                          f"{tuple(x.shape)}, got {tuple(y.shape)} (broadcast it first with y.expand_as(x)).")
-    n = x.numel()
-    if n >= 2**31:
-        raise ValueError(f"vector_add: {n} elements is too many for 32-bit offsets; split the tensor.")
-    x, y = x.contiguous(), y.contiguous()
-    z = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if n == 0:
-        return z
-    # BLOCK elements per program and NUM_WARPS warps (1024 and 4: 128 threads, each adding 8 pairs,
-    # loaded in 16-byte pieces for fp32); cdiv(n, BLOCK) programs cover the whole array.
-    grid = (triton.cdiv(n, BLOCK),)
-    vector_add_kernel[grid](x, y, z, n, BLOCK=BLOCK, num_warps=1 if INTERPRETED else NUM_WARPS)
+    if x.numel() >= 2**31:
+        raise ValueError(f"vector_add: {x.numel()} elements is too many for 32-bit offsets; split the tensor.")
     _checked.add((x.dtype, y.dtype, x.device, y.device))
-    return z
+    return x.contiguous(), y.contiguous()
 
 
 # ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
