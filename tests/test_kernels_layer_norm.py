@@ -122,3 +122,68 @@ def test_layer_norm_bad_inputs():
     with pytest.raises(ValueError, match="longer than this kernel's limit"):
         kernels.layer_norm(torch.empty(1, 16385, device=DEV), torch.empty(16385, device=DEV),
                            torch.empty(16385, device=DEV))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_split_rows_backward(dtype, poison_outputs, close64, monkeypatch):
+    # Backward rows split across programs (on by default only for wide rows): chunks of 64 columns, so a row of 255
+    # gives four chunks, the last one short; two row groups walk 37 strided rows; dy is non-contiguous.
+    mod = kernels.modules()["layer_norm"]
+    monkeypatch.setattr(mod, "BWD_SPLIT", (1, 64, 4, 2))
+    monkeypatch.setattr(mod, "num_sms", lambda device: 4)  # two row groups on a GPU too
+    assert mod._split_plan(37, 255, torch.device(DEV))[1:3] == (4, 2)
+    base = randn(37, 260, dtype=torch.float32) * 3 + 2  # a large mean: the chunks' variances must combine well
+    x = base.to(dtype)[:, 2:257]
+    w, b = randn(255, dtype=dtype), randn(255, dtype=dtype)
+    dy = randn(255, 37, dtype=dtype).t()
+    y, mean, rstd = layer_norm_forward(x, w, b)
+    dx, dw, db = layer_norm_backward(dy, x, w, mean, rstd)
+    y64, dx64, dw64, db64 = grads64(x, w, b, dy)
+    close64(y, y64)
+    torch.testing.assert_close(mean.double(), x.double().mean(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd.double(), 1 / (x.double().var(-1, unbiased=False) + 1e-5).sqrt(), rtol=1e-4,
+                               atol=0)
+    close64(dx, dx64, scale=2)
+    close64(dw, dw64, scale=10)
+    close64(db, db64, scale=10)
+
+
+def test_split_rows_single_row_and_fewer_rows_than_groups(poison_outputs, close64, monkeypatch):
+    # One row, and three rows (a row group each).
+    mod = kernels.modules()["layer_norm"]
+    monkeypatch.setattr(mod, "BWD_SPLIT", (1, 32, 4, 8))
+    for rows in (1, 3):
+        x, w, b, dy = randn(rows, 100) * 2 - 1, randn(100), randn(100), randn(rows, 100)
+        y, mean, rstd = layer_norm_forward(x, w, b)
+        dx, dw, db = layer_norm_backward(dy, x, w, mean, rstd)
+        y64, dx64, dw64, db64 = grads64(x, w, b, dy)
+        close64(y, y64)
+        close64(dx, dx64, scale=2)
+        close64(dw, dw64, scale=4)
+        close64(db, db64, scale=4)
+
+
+def test_split_is_chosen_for_rows_wider_than_8192():
+    mod = kernels.modules()["layer_norm"]
+    cpu = torch.device("cpu")
+    assert mod._split_plan(4096, 8192, cpu) is None
+    chunk, splits, groups, _ = mod._split_plan(4096, 16384, cpu)
+    assert chunk * splits == 16384 and groups >= 1
+    assert mod._split_plan(1, 9000, cpu)[1:3] == (3, 1)  # three chunks, the last short; one row, one group
+
+
+@pytest.mark.skipif(DEV.type != "cuda", reason="full size on a GPU (the interpreter would take many minutes)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wide_rows_at_full_size_on_gpu(dtype, close64):
+    # 4096 rows of 16384 with the default tiles: the backward splits each row into chunks on the GPU.
+    mod = kernels.modules()["layer_norm"]
+    assert mod._split_plan(4096, 16384, DEV) is not None
+    x, w, b, dy = (randn(4096, 16384) * 2 + 1).to(dtype), randn(16384, dtype=dtype), randn(16384, dtype=dtype), \
+        randn(4096, 16384, dtype=dtype)
+    y, mean, rstd = layer_norm_forward(x, w, b)
+    dx, dw, db = layer_norm_backward(dy, x, w, mean, rstd)
+    y64, dx64, dw64, db64 = grads64(x, w, b, dy)
+    close64(y, y64)
+    close64(dx, dx64, scale=2)
+    close64(dw, dw64, scale=20)
+    close64(db, db64, scale=20)

@@ -127,6 +127,33 @@ def sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
+@triton.jit
+def split_ticket(ticket_ptr, SPLITS, STAGE: tl.constexpr):
+    # (row or row group, chunk) of a program that shares its rows with SPLITS - 1 others. On the GPU
+    # (STAGE 0) work goes by ticket (an atomic counter), not program id, so the programs a program waits
+    # for already run, or start when another finishes. The interpreter runs programs one after another,
+    # so there the kernels run twice (STAGE 1 publishes partials, STAGE 2 uses them) and never wait.
+    if STAGE == 0:
+        t = tl.atomic_add(ticket_ptr, 1)
+    else:
+        t = tl.program_id(0)
+    return t // SPLITS, t % SPLITS
+
+
+@triton.jit
+def arrive(count_ptr):
+    # Count this program in for a shared row, after its stores of the row's partials ("release").
+    tl.atomic_add(count_ptr, 1, sem="release")
+
+
+@triton.jit
+def wait_for(count_ptr, expected):
+    # Spin until `expected` programs have arrived ("acquire": their stores are visible from here on).
+    # Spinning on acquire atomics measured faster than volatile loads plus barriers on an H200.
+    while tl.atomic_add(count_ptr, 0, sem="acquire") < expected:
+        pass
+
+
 class Launcher:
     """A Triton kernel's compiled launches, cached by what Triton specialises on.
 

@@ -7,7 +7,8 @@ backward bytes: read dy, x, weight and the 2M statistics; write dx, dweight, dbi
 (3n + 3N) * element_size + 8M.
 FLOPs: about 8 per element forward and 12 backward. Memory-bound.
 The structure follows Triton's layer-norm tutorial: the backward writes partial sums of
-dweight and dbias (one row per program), then adds those partial rows up.
+dweight and dbias (one row per program), then adds those partial rows up. Backward rows wider
+than 8192 are split across programs (see layer_norm_bwd_split_kernel).
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (INTERPRETED, check_same_device, check_same_dtype, check_tensor, next_pow2, num_sms,
-                                    row_tile, rows_2d, sum_partials)
+from labkit.kernels._common import (INTERPRETED, arrive, check_same_device, check_same_dtype, check_tensor, next_pow2,
+                                    num_sms, row_tile, rows_2d, split_ticket, sum_partials, wait_for)
 
 MAX_COLS = 16384  # a whole row is held in registers
 
@@ -132,6 +133,62 @@ def _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, tile, M, cols, col_mask, str
     return x, dy, mean, rstd
 
 
+# Wide backward rows, split. A whole row of x and dy plus the two row-wide accumulators of dweight and
+# dbias fill one program's registers, so its loads stop while it reduces and stores. Instead SPLITS programs
+# share each row, one CHUNK of columns each, and add up their partial row sums through memory (as softmax's
+# split rows do). Program (group g, chunk k) walks rows g, g + GROUPS, ..., issuing the loads of its next
+# row's chunk before it publishes this row's partials and waits for the other chunks'.
+
+
+@triton.jit
+def _row_chunk(ptr, row, stride, cols, col_mask, M):
+    # Columns `cols` of row `row` in their own dtype (zeros past the last column). A row past the last
+    # reads the last row again, unused (the interpreter takes no mask mixing a scalar row test in).
+    return tl.load(ptr + tl.cast(tl.minimum(row, M - 1), tl.int64) * stride + cols, mask=col_mask, other=0.0)
+
+
+@triton.jit
+def layer_norm_bwd_split_kernel(part_ptr, count_ptr, M, SPLITS, GROUPS, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr,
+                                dx_ptr, dw_partial_ptr, db_partial_ptr, N, stride_dy, stride_x, stride_dx,
+                                CHUNK: tl.constexpr, SPLITS_P2: tl.constexpr, STAGE: tl.constexpr):
+    # part_ptr: fp32 (M, SPLITS, 2), each chunk's sums of xhat * w * dy and of w * dy; count_ptr: int32
+    # (M + 1,) zeros, count[row] counts the chunks published, count[M] hands out tickets (see split_ticket).
+    # dw_partial_ptr, db_partial_ptr: fp32 (GROUPS, N), one partial row per group, added up afterwards.
+    g, k = split_ticket(count_ptr + M, SPLITS, STAGE)
+    cols = k * CHUNK + tl.arange(0, CHUNK)
+    col_mask = cols < N
+    j = tl.arange(0, SPLITS_P2)
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros((CHUNK,), dtype=tl.float32)
+    db_acc = tl.zeros((CHUNK,), dtype=tl.float32)
+    x_next = _row_chunk(x_ptr, g, stride_x, cols, col_mask, M)
+    dy_next = _row_chunk(dy_ptr, g, stride_dy, cols, col_mask, M)
+    for r in range(g, M, GROUPS):
+        x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
+        x_next = _row_chunk(x_ptr, r + GROUPS, stride_x, cols, col_mask, M)
+        dy_next = _row_chunk(dy_ptr, r + GROUPS, stride_dy, cols, col_mask, M)
+        mean, rstd = tl.load(mean_ptr + r), tl.load(rstd_ptr + r)
+        xhat = tl.where(col_mask, (x - mean) * rstd, 0.0)
+        wdy = w * dy
+        part = part_ptr + tl.cast(r, tl.int64) * SPLITS * 2
+        if STAGE != 2:
+            tl.store(part + 2 * k, tl.sum(xhat * wdy, axis=0))
+            tl.store(part + 2 * k + 1, tl.sum(wdy, axis=0))
+            if STAGE == 0:
+                arrive(count_ptr + r)
+                wait_for(count_ptr + r, SPLITS)
+        if STAGE != 1:
+            c1 = tl.sum(tl.load(part + 2 * j, mask=j < SPLITS, other=0.0, volatile=True), axis=0) / N
+            c2 = tl.sum(tl.load(part + 2 * j + 1, mask=j < SPLITS, other=0.0, volatile=True), axis=0) / N
+            dx = (wdy - (xhat * c1 + c2)) * rstd
+            tl.store(dx_ptr + tl.cast(r, tl.int64) * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
+            dw_acc += dy * xhat
+            db_acc += dy
+    if STAGE != 1:
+        tl.store(dw_partial_ptr + g * N + cols, dw_acc, mask=col_mask)
+        tl.store(db_partial_ptr + g * N + cols, db_acc, mask=col_mask)
+
+
 # Tile choices (swept on an H200): (min elements per tile, values per thread) of the forward by
 # dtype, and the row width from which a forward tile holds two rows; the backward's values per thread
 # by dtype and its programs per SM, each for (rows of up to 4096, wider rows), the widest row it
@@ -142,6 +199,10 @@ BWD_VALUES_PER_THREAD = {torch.float32: (16, 16), torch.float16: (16, 32), torch
 BWD_PROGRAMS_PER_SM = {torch.float32: (1, 1), torch.float16: (2, 1), torch.bfloat16: (2, 1)}
 BWD_PREFETCH_MAX_COLS = 4096
 BWD_HOLD_W_MAX_COLS = {torch.float32: 16384, torch.float16: 4096, torch.bfloat16: 4096}
+# Backward rows of BWD_SPLIT[0] columns or more are split (layer_norm_bwd_split_kernel), into chunks of
+# BWD_SPLIT[1] columns on BWD_SPLIT[2] warps, BWD_SPLIT[3] programs per SM. At 8192 columns the whole-row
+# kernel was as fast (bf16) or faster (fp32); at 16384 the split one took 0.68x (fp32), 0.80x (bf16) the time.
+BWD_SPLIT = (8193, 4096, 4, 2)
 
 
 def _fwd_tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -155,6 +216,16 @@ def _bwd_tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
     # Tiles of >= 4096 elements; single rows get 4 warps up to 4096 columns, packed rows 8 warps.
     bm, bn, warps = row_tile(N, 4096, BWD_VALUES_PER_THREAD[dtype][N > 4096], max_warps=32)
     return bm, bn, (warps if bm == 1 else max(warps, 8)) if not INTERPRETED else 1
+
+
+def _split_plan(M: int, N: int, device: torch.device) -> tuple[int, int, int, int] | None:
+    """(CHUNK, SPLITS, GROUPS, num_warps) when backward rows of N columns are split, else None."""
+    from_cols, chunk, warps, per_sm = BWD_SPLIT
+    if N < from_cols:
+        return None
+    chunk = min(chunk, next_pow2(N))
+    splits = triton.cdiv(N, chunk)
+    return chunk, splits, max(1, min(M, per_sm * num_sms(device) // splits)), 1 if INTERPRETED else warps
 
 
 def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5):
@@ -179,9 +250,20 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     bm, bn, warps = _bwd_tile(N, x.dtype)
     row_tiles = triton.cdiv(M, bm)
-    programs = max(1, min(row_tiles, BWD_PROGRAMS_PER_SM[x.dtype][N > 4096] * num_sms(x.device)))
+    plan = _split_plan(M, N, x.device)
+    per_sm = BWD_PROGRAMS_PER_SM[x.dtype][N > 4096]
+    programs = plan[2] if plan else max(1, min(row_tiles, per_sm * num_sms(x.device)))
     partial = torch.empty((2, programs, N), dtype=torch.float32, device=x.device)
-    if x2.numel():
+    if x2.numel() and plan:
+        chunk, splits, groups, split_warps = plan
+        exchange = torch.empty((M, splits, 2), dtype=torch.float32, device=x.device)
+        count = torch.zeros(M + 1, dtype=torch.int32, device=x.device)
+        for stage in ((1, 2) if INTERPRETED else (0,)):  # see split_ticket
+            layer_norm_bwd_split_kernel[(groups * splits,)](
+                exchange, count, M, splits, groups, dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], N,
+                dy2.stride(0), x2.stride(0), dx.stride(0), CHUNK=chunk, SPLITS_P2=next_pow2(splits), STAGE=stage,
+                num_warps=split_warps)
+    elif x2.numel():
         layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
                                            dy2.stride(0), x2.stride(0), dx.stride(0), row_tiles, BLOCK_M=bm,
                                            BLOCK_N=bn, PREFETCH=N <= BWD_PREFETCH_MAX_COLS,

@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import INTERPRETED, builds_graph, check_tensor, next_pow2, num_sms, row_tile, rows_2d
+from labkit.kernels._common import (INTERPRETED, arrive, builds_graph, check_tensor, next_pow2, num_sms, row_tile,
+                                    rows_2d, split_ticket, wait_for)
 
 # Longest row kept whole in registers (one read, one write); longer rows are split across programs.
 MAX_FUSED_COLS = {torch.float32: 16384, torch.float16: 32768, torch.bfloat16: 32768}
@@ -94,16 +95,8 @@ def softmax_split_kernel(x_ptr, y_ptr, part_ptr, count_ptr, M, N, stride_x, stri
     # program keeps one CHUNK of a row in registers, publishes its partial (max, sum), waits for the
     # row's other chunks, then normalises the chunk it still holds: one read, one write. It keeps
     # e = exp(x - chunk max), so normalising is e * exp(chunk max - row max) / row sum: one exp per element.
-    # STAGE 0 (GPU): all in one launch. Work goes by ticket (atomic counter), so every chunk a program
-    # waits for is held by a program already running or by one that starts when another finishes.
-    # STAGE 1 then STAGE 2 (the interpreter, which runs programs one after another): two launches,
-    # partials first, then normalise (reading x a second time).
-    if STAGE == 0:
-        item = tl.atomic_add(count_ptr + M, 1)
-    else:
-        item = tl.program_id(0)
-    row = item // SPLITS
-    s = item % SPLITS
+    # STAGE 0 on the GPU (one launch); STAGE 1 then 2 in the interpreter (see split_ticket).
+    row, s = split_ticket(count_ptr + M, SPLITS, STAGE)
     cols = s * CHUNK + tl.arange(0, CHUNK)
     mask = cols < N
     x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
@@ -115,10 +108,8 @@ def softmax_split_kernel(x_ptr, y_ptr, part_ptr, count_ptr, M, N, stride_x, stri
         tl.store(part + 2 * s, m)
         tl.store(part + 2 * s + 1, tl.sum(e, axis=0))
         if STAGE == 0:
-            tl.atomic_add(count_ptr + row, 1, sem="release")  # after the partial's stores
-            # (On an H200, spinning on acquire atomics measured faster than volatile loads plus barriers.)
-            while tl.atomic_add(count_ptr + row, 0, sem="acquire") < SPLITS:
-                pass
+            arrive(count_ptr + row)
+            wait_for(count_ptr + row, SPLITS)
     if STAGE != 1:
         j = tl.arange(0, SPLITS_P2)
         pm = tl.load(part + 2 * j, mask=j < SPLITS, other=float("-inf"), volatile=True)
