@@ -96,6 +96,11 @@ def _bias_gelu_backward_matches_float64(x, b, dy, close64):
     close64(db, db64, scale=4 if x.shape[0] < 100 else 20)
 
 
+def test_bias_gelu_backward_of_no_rows():
+    dx, db = bias_gelu_backward(randn(0, 7), randn(0, 7), randn(7))
+    assert dx.shape == (0, 7) and db.shape == (7,) and (db == 0).all()
+
+
 @pytest.mark.skipif(DEV.type != "cuda", reason="full size on a GPU (the interpreter would take many minutes)")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_gelu_backward_at_full_size_on_gpu(dtype, close64):

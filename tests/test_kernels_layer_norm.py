@@ -19,6 +19,18 @@ def grads64(x, w, b, dy, eps=1e-5):
     return (y64, *torch.autograd.grad(y64, (x64, w64, b64), dy.double()))
 
 
+def check_kernels(x, w, b, dy, close64, sums_scale):
+    """The forward and backward kernels against float64 autograd (dweight, dbias: sums over rows)."""
+    y, mean, rstd = layer_norm_forward(x, w, b)
+    dx, dw, db = layer_norm_backward(dy, x, w, mean, rstd)
+    y64, dx64, dw64, db64 = grads64(x, w, b, dy)
+    close64(y, y64)
+    close64(dx, dx64, scale=2)
+    close64(dw, dw64, scale=sums_scale)
+    close64(db, db64, scale=sums_scale)
+    return mean, rstd
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_layer_norm_forward_backward(dtype, poison_outputs, close64):
     x = (randn(2, 3, 37, dtype=torch.float32) * 2 + 0.5).to(dtype).requires_grad_()
@@ -92,13 +104,7 @@ def test_two_row_forward_tiles_and_backward_reloading_weight(dtype, poison_outpu
     x = base[:, 3:258]  # strided rows of 255, 301 of them: the last tile is mostly padding rows
     assert mod._fwd_tile(255, dtype)[0] >= 2
     w, b, dy = randn(255, dtype=dtype), randn(255, dtype=dtype), randn(301, 255, dtype=dtype)
-    y, mean, rstd = layer_norm_forward(x, w, b)
-    dx, dw, db = layer_norm_backward(dy, x, w, mean, rstd)
-    y64, dx64, dw64, db64 = grads64(x, w, b, dy)
-    close64(y, y64)
-    close64(dx, dx64, scale=2)
-    close64(dw, dw64, scale=20)
-    close64(db, db64, scale=20)
+    check_kernels(x, w, b, dy, close64, sums_scale=20)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -126,41 +132,27 @@ def test_layer_norm_bad_inputs():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_split_rows_backward(dtype, poison_outputs, close64, monkeypatch):
-    # Backward rows split across programs (on by default only for wide rows): chunks of 64 columns, so a row of 255
-    # gives four chunks, the last one short; two row groups walk 37 strided rows; dy is non-contiguous.
+    # Backward rows split across programs (by default only rows wider than 8192): chunks of 64 columns, so a
+    # row of 255 gives four chunks, the last one short; two row groups walk 37 strided rows; dy is strided.
     mod = kernels.modules()["layer_norm"]
     monkeypatch.setattr(mod, "BWD_SPLIT", (1, 64, 4, 2))
     monkeypatch.setattr(mod, "num_sms", lambda device: 4)  # two row groups on a GPU too
     assert mod._split_plan(37, 255, torch.device(DEV))[1:3] == (4, 2)
-    base = randn(37, 260, dtype=torch.float32) * 3 + 2  # a large mean: the chunks' variances must combine well
-    x = base.to(dtype)[:, 2:257]
+    x = (randn(37, 260) * 3 + 2).to(dtype)[:, 2:257]
     w, b = randn(255, dtype=dtype), randn(255, dtype=dtype)
     dy = randn(255, 37, dtype=dtype).t()
-    y, mean, rstd = layer_norm_forward(x, w, b)
-    dx, dw, db = layer_norm_backward(dy, x, w, mean, rstd)
-    y64, dx64, dw64, db64 = grads64(x, w, b, dy)
-    close64(y, y64)
+    mean, rstd = check_kernels(x, w, b, dy, close64, sums_scale=10)
     torch.testing.assert_close(mean.double(), x.double().mean(-1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(rstd.double(), 1 / (x.double().var(-1, unbiased=False) + 1e-5).sqrt(), rtol=1e-4,
                                atol=0)
-    close64(dx, dx64, scale=2)
-    close64(dw, dw64, scale=10)
-    close64(db, db64, scale=10)
 
 
-def test_split_rows_single_row_and_fewer_rows_than_groups(poison_outputs, close64, monkeypatch):
-    # One row, and three rows (a row group each).
+def test_split_rows_one_row_and_a_group_per_row(poison_outputs, close64, monkeypatch):
     mod = kernels.modules()["layer_norm"]
     monkeypatch.setattr(mod, "BWD_SPLIT", (1, 32, 4, 8))
     for rows in (1, 3):
-        x, w, b, dy = randn(rows, 100) * 2 - 1, randn(100), randn(100), randn(rows, 100)
-        y, mean, rstd = layer_norm_forward(x, w, b)
-        dx, dw, db = layer_norm_backward(dy, x, w, mean, rstd)
-        y64, dx64, dw64, db64 = grads64(x, w, b, dy)
-        close64(y, y64)
-        close64(dx, dx64, scale=2)
-        close64(dw, dw64, scale=4)
-        close64(db, db64, scale=4)
+        assert mod._split_plan(rows, 100, torch.device(DEV))[2] == rows
+        check_kernels(randn(rows, 100) * 2 - 1, randn(100), randn(100), randn(rows, 100), close64, sums_scale=4)
 
 
 def test_split_is_chosen_for_rows_wider_than_8192():
@@ -180,10 +172,4 @@ def test_wide_rows_at_full_size_on_gpu(dtype, close64):
     assert mod._split_plan(4096, 16384, DEV) is not None
     x, w, b, dy = (randn(4096, 16384) * 2 + 1).to(dtype), randn(16384, dtype=dtype), randn(16384, dtype=dtype), \
         randn(4096, 16384, dtype=dtype)
-    y, mean, rstd = layer_norm_forward(x, w, b)
-    dx, dw, db = layer_norm_backward(dy, x, w, mean, rstd)
-    y64, dx64, dw64, db64 = grads64(x, w, b, dy)
-    close64(y, y64)
-    close64(dx, dx64, scale=2)
-    close64(dw, dw64, scale=20)
-    close64(db, db64, scale=20)
+    check_kernels(x, w, b, dy, close64, sums_scale=20)
