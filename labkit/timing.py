@@ -199,10 +199,7 @@ def _bench_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         # How long is one call? Time a graph of 10 calls, then size the real graph to ~ rep_ms/20.
-        probe = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(probe, stream=side):  # the warm-up's stream: autograd runs a backward there
-            for _ in range(10):
-                fn()
+        probe = _capture(fn, 10, side)  # on the warm-up's stream: autograd runs a backward there
         probe.replay()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -212,10 +209,7 @@ def _bench_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
         torch.cuda.synchronize()
         per_call = max(start.elapsed_time(end) / 10, 1e-4)
         calls = max(1, min(1000, int(rep_ms / 20 / per_call)))
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
-            for _ in range(calls):
-                fn()
+        graph = _capture(fn, calls, side)
         for _ in range(_reps(per_call * calls, warmup_ms, 1, max_reps)):
             graph.replay()
         n = _reps(per_call * calls, rep_ms, min_reps, max_reps)
@@ -227,6 +221,23 @@ def _bench_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
             e.record()
         torch.cuda.synchronize()
         return summarize([s.elapsed_time(e) / calls for s, e in zip(starts, ends)])
+
+
+def _capture(fn, calls: int, stream) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `calls` calls of fn, captured on `stream`."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()
+    except Exception:
+        # A capture that CUDA itself failed (a sync, a host copy) leaves torch's CUDA random generator
+        # marked as capturing, and every random op after it fails; a capture that succeeds clears the mark.
+        tidy, x = torch.cuda.CUDAGraph(), torch.zeros(1, device=torch.cuda.current_device())
+        with torch.cuda.graph(tidy, stream=stream):
+            x.add_(1.0)
+        raise
+    return graph
 
 
 def gbps(nbytes: float, ms: float) -> float:

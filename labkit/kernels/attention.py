@@ -473,16 +473,16 @@ def bench_case(size: str, dtype: torch.dtype = torch.bfloat16, causal: bool = Fa
 
 
 def _grad_call(fn, q, k, v):
-    """A call of the backward alone: the forward graph is built once and kept."""
+    """A call of the backward alone (see _bench.grad_fn: the forward is built at its first call, on the
+    stream that times it), run once here so that a backend which cannot run fails now."""
     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
-    out = fn(qg, kg, vg)
-    do = torch.randn_like(out)
-    torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)  # runs once: fails here if it cannot
-    return lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
+    do = torch.randn_like(q)
+    torch.autograd.grad(fn(qg, kg, vg), (qg, kg, vg), do)
+    return grad_fn(fn, (qg, kg, vg), do)
 
 
 # ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
-from labkit.kernels._bench import BenchCase, Timed  # noqa: E402
+from labkit.kernels._bench import BenchCase, Timed, grad_fn  # noqa: E402
 
 
 def _bench(causal: bool, backward: bool):
