@@ -231,7 +231,7 @@ def _capture(fn, calls: int, stream) -> torch.cuda.CUDAGraph:
             for _ in range(calls):
                 fn()
     except Exception:
-        # A capture that CUDA itself failed (a sync, a host copy) leaves torch's CUDA random generator
+        # A capture that CUDA itself failed (a sync, work on another stream) leaves torch's CUDA random generator
         # marked as capturing, and every random op after it fails; a capture that succeeds clears the mark.
         tidy, x = torch.cuda.CUDAGraph(), torch.zeros(1, device=torch.cuda.current_device())
         with torch.cuda.graph(tidy, stream=stream):

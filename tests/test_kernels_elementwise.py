@@ -82,8 +82,7 @@ def test_bias_gelu_non_contiguous_and_many_rows(poison_outputs, close64):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_gelu_backward_with_many_row_tiles(dtype, close64):
     # Row tiles of 4 (fp32) or 8 rows and 2 or 3 column blocks, more tiles than programs: each program
-    # loops over several tiles (loading the next while it works on one) and sums them; the last row
-    # tile and the last column block are partly masked.
+    # loops over several tiles and sums them; the last row tile and the last column block are partly masked.
     x, b, dy = randn(50, 1500, dtype=dtype), randn(1500, dtype=dtype), randn(50, 1500, dtype=dtype)
     _bias_gelu_backward_matches_float64(x, b, dy, close64)
 
