@@ -101,13 +101,12 @@ def test_matmul_tma_path_matches_float64(dtype, tf32, tf32_flag, poison_outputs,
 def test_matmul_tma_path_takes_views(dtype, tf32, tf32_flag, monkeypatch, poison_outputs, close64):
     tf32_flag(tf32)
     # b K-major (a transposed view): described as B^T, never copied, in any precision
-    transpose = mm.transpose
-    monkeypatch.setattr(mm, "transpose", lambda x: pytest.fail("a K-major b was copied"))
-    a, b = randn(37, 40, dtype=dtype), randn(72, 40, dtype=dtype).t()
-    p = mm.plan(a, b)
-    assert (p.path, p.copy_b, p.b_kmajor) == ("tma", False, True)
-    close64(kernels.matmul(a, b), a.double() @ b.double(), dtype=_tol(dtype, tf32), scale=3)
-    monkeypatch.setattr(mm, "transpose", transpose)
+    with monkeypatch.context() as m:
+        m.setattr(mm, "transpose", lambda x: pytest.fail("a K-major b was copied"))
+        a, b = randn(37, 40, dtype=dtype), randn(72, 40, dtype=dtype).t()
+        p = mm.plan(a, b)
+        assert (p.path, p.copy_b, p.b_kmajor) == ("tma", False, True)
+        close64(kernels.matmul(a, b), a.double() @ b.double(), dtype=_tol(dtype, tf32), scale=3)
     # sliced views whose first element and row stride are 16-byte aligned
     a = randn(50, 80, dtype=dtype)[8:45, 8:48]  # (37, 40), row stride 80
     b = randn(48, 96, dtype=dtype)[4:44, 16:88]  # (40, 72), row stride 96

@@ -140,6 +140,17 @@ def split_ticket(ticket_ptr, SPLITS, STAGE: tl.constexpr):
     return t // SPLITS, t % SPLITS
 
 
+# The launches of a split kernel: one on the GPU; STAGE 1 then STAGE 2 in the interpreter (see split_ticket).
+SPLIT_STAGES = (1, 2) if INTERPRETED else (0,)
+
+
+def split_exchange(M: int, splits: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the programs sharing rows exchange through: fp32 (M, splits, 2) partials, one pair per chunk,
+    and int32 (M + 1,) zeros, the chunks arrived per row and, last, the ticket counter (see split_ticket)."""
+    return (torch.empty((M, splits, 2), dtype=torch.float32, device=device),
+            torch.zeros(M + 1, dtype=torch.int32, device=device))
+
+
 @triton.jit
 def arrive(count_ptr):
     # Count this program in for a shared row, after its stores of the row's partials ("release").

@@ -19,8 +19,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (INTERPRETED, arrive, check_same_device, check_same_dtype, check_tensor, next_pow2,
-                                    num_sms, row_tile, rows_2d, split_ticket, sum_partials, wait_for)
+from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, arrive, check_same_device, check_same_dtype,
+                                    check_tensor, next_pow2, num_sms, row_tile, rows_2d, split_exchange, split_ticket,
+                                    sum_partials, wait_for)
 
 MAX_COLS = 16384  # a whole row is held in registers
 
@@ -256,9 +257,8 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     partial = torch.empty((2, programs, N), dtype=torch.float32, device=x.device)
     if x2.numel() and plan:
         chunk, splits, groups, split_warps = plan
-        exchange = torch.empty((M, splits, 2), dtype=torch.float32, device=x.device)
-        count = torch.zeros(M + 1, dtype=torch.int32, device=x.device)
-        for stage in ((1, 2) if INTERPRETED else (0,)):  # see split_ticket
+        exchange, count = split_exchange(M, splits, x.device)
+        for stage in SPLIT_STAGES:
             layer_norm_bwd_split_kernel[(groups * splits,)](
                 exchange, count, M, splits, groups, dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], N,
                 dy2.stride(0), x2.stride(0), dx.stride(0), CHUNK=chunk, SPLITS_P2=next_pow2(splits), STAGE=stage,

@@ -152,17 +152,13 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, M, N, K,
         for ki in range(k_tiles):
             a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
             if B_KMAJOR:
-                b = b_desc.load([pid_n * BLOCK_N, ki * BLOCK_K])
-                if UPCAST:  # the interpreter's 16-bit dot is unreliable; fp32 gives the same exact products
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc = tl.dot(a, b.T, acc, input_precision=INPUT_PRECISION)
+                b = b_desc.load([pid_n * BLOCK_N, ki * BLOCK_K]).T
             else:
                 b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            if UPCAST:  # the interpreter's 16-bit dot is unreliable; fp32 gives the same exact products
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         tile_c += NUM_PROGS
         pid_m, pid_n = _pid(tile_c, num_pid_in_group, num_pid_m, GROUP_M)
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
@@ -234,9 +230,9 @@ class Plan(NamedTuple):
     path: str  # "tma" or "pointer"
     copy_b: bool  # TF32: B is first copied K-major (by transpose() on the TMA path)
     b_kmajor: bool  # TMA: b_desc describes B^T (N, K)
-    grid: tuple  # TMA: the launch grid
-    meta: dict  # TMA: the constexprs, in the kernel's order
-    options: dict  # TMA: num_warps, num_stages
+    grid: tuple  # the launch grid (pointer kernel: once its first call has autotuned; empty before)
+    meta: dict  # the constexprs, in the kernel's order
+    options: dict  # num_warps, num_stages
 
 
 @functools.cache
@@ -291,7 +287,6 @@ def plan(a: torch.Tensor, b: torch.Tensor) -> Plan:
 
 
 _launch = Launcher(matmul_kernel.fn)
-_tuned: dict = {}  # launch key -> (grid, constexprs, options) of the autotuned config
 _launch_tma = Launcher(matmul_tma_kernel)
 _plans: dict = {}  # (dtype, precision, shapes, strides, alignment, device) -> Plan
 
@@ -366,17 +361,16 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if INTERPRETED:
         matmul_kernel[_grid(M, N)](*args, INPUT_PRECISION=precision, UPCAST=upcast)
         return c
-    # After the first call of a shape has autotuned, later calls launch the chosen binary directly.
-    key = (a.dtype, precision, *args[3:])
-    tuned = _tuned.get(key)
-    if tuned is None:
+    # After the first call of a kind has autotuned, its plan keeps the chosen config: later calls launch
+    # that binary directly.
+    if not p.grid:
         matmul_kernel[_grid(M, N)](*args, INPUT_PRECISION=precision, UPCAST=upcast)
         best = matmul_kernel.best_config
         meta = {**best.kwargs, "INPUT_PRECISION": precision, "UPCAST": upcast}
-        _tuned[key] = (_grid(M, N)(meta), meta, dict(num_warps=best.num_warps, num_stages=best.num_stages))
+        _plans[plan_key] = p._replace(grid=_grid(M, N)(meta), meta=meta,
+                                      options=dict(num_warps=best.num_warps, num_stages=best.num_stages))
         return c
-    grid, meta, options = tuned
-    _launch(grid, args, meta, **options)
+    _launch(p.grid, args, p.meta, **p.options)
     return c
 
 

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (INTERPRETED, arrive, builds_graph, check_tensor, next_pow2, num_sms, row_tile,
-                                    rows_2d, split_ticket, wait_for)
+from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, arrive, builds_graph, check_tensor, next_pow2, num_sms,
+                                    row_tile, rows_2d, split_exchange, split_ticket, wait_for)
 
 # Longest row kept whole in registers (one read, one write); longer rows are split across programs.
 MAX_FUSED_COLS = {torch.float32: 16384, torch.float16: 32768, torch.bfloat16: 32768}
@@ -160,15 +160,11 @@ def _softmax_split(x2: torch.Tensor, y: torch.Tensor) -> None:
     M, N = x2.shape
     chunk = min(SPLIT_CHUNK, next_pow2(N))
     splits = triton.cdiv(N, chunk)
-    part = torch.empty((M, splits, 2), dtype=torch.float32, device=x2.device)
-    count = torch.zeros(M + 1, dtype=torch.int32, device=x2.device)
-    args = (x2, y, part, count, M, N, x2.stride(0), y.stride(0), splits)
-    meta = dict(CHUNK=chunk, SPLITS_P2=next_pow2(splits), num_warps=1 if INTERPRETED else SPLIT_WARPS)
-    if INTERPRETED:
-        softmax_split_kernel[(M * splits,)](*args, STAGE=1, **meta)
-        softmax_split_kernel[(M * splits,)](*args, STAGE=2, **meta)
-    else:
-        softmax_split_kernel[(M * splits,)](*args, STAGE=0, **meta)
+    part, count = split_exchange(M, splits, x2.device)
+    for stage in SPLIT_STAGES:
+        softmax_split_kernel[(M * splits,)](x2, y, part, count, M, N, x2.stride(0), y.stride(0), splits, CHUNK=chunk,
+                                            SPLITS_P2=next_pow2(splits), STAGE=stage,
+                                            num_warps=1 if INTERPRETED else SPLIT_WARPS)
 
 
 def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = None) -> torch.Tensor:
