@@ -81,8 +81,8 @@ def test_bias_gelu_non_contiguous_and_many_rows(poison_outputs, close64):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_gelu_backward_with_many_row_tiles(dtype, close64):
-    # Row tiles of 4 (fp32) or 8 rows and 2 or 3 column blocks, more tiles than programs: each program
-    # loops over several tiles and sums them; the last row tile and the last column block are partly masked.
+    # Row tiles of 8 (fp32) or 4 rows and 3 or 2 column blocks, more tiles than programs (in the interpreter):
+    # each program loops over several tiles and sums them; the last row tile and column block are partly masked.
     x, b, dy = randn(50, 1500, dtype=dtype), randn(1500, dtype=dtype), randn(50, 1500, dtype=dtype)
     _bias_gelu_backward_matches_float64(x, b, dy, close64)
 
@@ -184,3 +184,13 @@ def test_launcher_keys_tma_descriptors_on_their_dtype_and_block():
     assert _spec(h) != _spec(b)
     assert _spec(h) == _spec(TensorDescriptor.from_tensor(torch.ones(64, 32, dtype=torch.float16), [16, 16]))
     assert _spec(h) != _spec(TensorDescriptor.from_tensor(torch.zeros(32, 32, dtype=torch.float16), [32, 16]))
+
+
+def test_pipeline_stages_fit_shared_memory(monkeypatch):
+    # A GPU with 100 KB of shared memory per program (16 KB kept for Triton's reductions).
+    from labkit.kernels import _common
+    monkeypatch.setattr(_common, "shared_memory", lambda device: 100 * 1024)
+    gpu = torch.device("cuda")
+    assert _common.pipeline_stages(gpu, 16 * 1024, 3) == 3
+    assert _common.pipeline_stages(gpu, 32 * 1024, 3) == 2
+    assert _common.pipeline_stages(gpu, 64 * 1024, 3) == 1  # room for one copy only: not pipelined

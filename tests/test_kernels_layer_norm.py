@@ -63,10 +63,14 @@ def test_layer_norm_non_contiguous_and_eps(poison_outputs, close64):
     close64(db, db64, scale=2)
 
 
-@pytest.mark.parametrize("prefetch", [True, False])
-def test_layer_norm_backward_many_rows_per_program(prefetch, poison_outputs, close64, monkeypatch):
-    # Rows of 5 pack 512 to a tile; 10 tiles for at most 8 programs: some loop twice.
-    monkeypatch.setattr(kernels.modules()["layer_norm"], "BWD_PREFETCH_MAX_COLS", 8 if prefetch else 0)
+@pytest.mark.parametrize("stages", [1, 3])
+def test_layer_norm_backward_many_rows_per_program(stages, poison_outputs, close64, monkeypatch):
+    # Rows of 5 pack 512 to a tile; 10 tiles for 4 programs: each loops two or three times, pipelined
+    # (stages 3, on a GPU) or not.
+    mod = kernels.modules()["layer_norm"]
+    monkeypatch.setattr(mod, "BWD_STAGES", stages)
+    monkeypatch.setattr(mod, "num_sms", lambda device: 4)
+    assert mod._bwd_plan(5000, 5, torch.float32, torch.device(DEV))[:2] == (4, 512)
     x, w, b, dy = randn(5000, 5), randn(5), randn(5), randn(5000, 5)
     y, mean, rstd = layer_norm_forward(x, w, b)
     dx, dw, db = layer_norm_backward(dy, x, w, mean, rstd)
@@ -80,8 +84,8 @@ def test_layer_norm_backward_many_rows_per_program(prefetch, poison_outputs, clo
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_layer_norm_backward_sums_many_partial_rows(dtype, poison_outputs, close64, monkeypatch):
-    # 100 row tiles over 80 programs: 80 partial rows, more than one BLOCK_P of the final sum.
-    monkeypatch.setitem(kernels.modules()["layer_norm"].BWD_PROGRAMS_PER_SM, dtype, (20, 20))
+    # 100 (fp32) or 50 row tiles, one program each: more partial rows than one BLOCK_P of the final sum.
+    monkeypatch.setattr(kernels.modules()["layer_norm"], "num_sms", lambda device: 100)
     x, w, b, dy = (randn(400, 700, dtype=dtype) * 2 - 1), randn(700, dtype=dtype), randn(700, dtype=dtype), \
         randn(400, 700, dtype=dtype)
     _, mean, rstd = layer_norm_forward(x, w, b)
@@ -94,15 +98,19 @@ def test_layer_norm_backward_sums_many_partial_rows(dtype, poison_outputs, close
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_two_row_forward_tiles_and_backward_reloading_weight(dtype, poison_outputs, close64, monkeypatch):
-    # Forward tiles of two rows (16-bit rows of 4096+) and a backward that reloads weight every tile
-    # (16-bit rows wider than 4096), on odd sizes and a strided x.
+@pytest.mark.parametrize("wide", [False, True])
+def test_forward_paths(dtype, wide, poison_outputs, close64, monkeypatch):
+    # Forward tiles of two rows (16-bit rows of 4096+), or the wide-row loop (rows wider than 8192: one row
+    # at a time, a program per SM, pipelined), on odd sizes and a strided x; 301 rows over 4 programs loop.
     mod = kernels.modules()["layer_norm"]
     monkeypatch.setitem(mod.FWD_TWO_ROWS_FROM, dtype, 200)
-    monkeypatch.setitem(mod.BWD_HOLD_W_MAX_COLS, dtype, 0)
+    monkeypatch.setattr(mod, "num_sms", lambda device: 4)
+    if wide:
+        monkeypatch.setattr(mod, "FWD_WIDE", (200, 4, 3))
     base = randn(301, 260, dtype=dtype) * 3 + 1
     x = base[:, 3:258]  # strided rows of 255, 301 of them: the last tile is mostly padding rows
-    assert mod._fwd_tile(255, dtype)[0] >= 2
+    programs, bm, _, _, stages = mod._fwd_plan(301, 255, dtype, torch.device(DEV))
+    assert (programs, bm, stages > 0) == (4, 1, True) if wide else (programs * bm >= 301 and bm >= 2 and not stages)
     w, b, dy = randn(255, dtype=dtype), randn(255, dtype=dtype), randn(301, 255, dtype=dtype)
     check_kernels(x, w, b, dy, close64, sums_scale=20)
 
@@ -166,10 +174,12 @@ def test_split_is_chosen_for_rows_wider_than_8192():
 
 @pytest.mark.skipif(DEV.type != "cuda", reason="full size on a GPU (the interpreter would take many minutes)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_wide_rows_at_full_size_on_gpu(dtype, close64):
-    # 4096 rows of 16384 with the default tiles: the backward splits each row into chunks on the GPU.
+@pytest.mark.parametrize("rows, cols", [(4096, 16384), (8192, 8192)])
+def test_wide_rows_at_full_size_on_gpu(rows, cols, dtype, close64):
+    # The default tiles on the GPU: at 16384 columns the forward's pipelined loop and the split backward;
+    # at 8192 two-row (16-bit) or one-row forward tiles and the pipelined whole-row backward.
     mod = kernels.modules()["layer_norm"]
-    assert mod._split_plan(4096, 16384, DEV) is not None
-    x, w, b, dy = (randn(4096, 16384) * 2 + 1).to(dtype), randn(16384, dtype=dtype), randn(16384, dtype=dtype), \
-        randn(4096, 16384, dtype=dtype)
+    assert (mod._split_plan(rows, cols, DEV) is not None) == (cols > 8192)
+    x, w, b, dy = (randn(rows, cols) * 2 + 1).to(dtype), randn(cols, dtype=dtype), randn(cols, dtype=dtype), \
+        randn(rows, cols, dtype=dtype)
     check_kernels(x, w, b, dy, close64, sums_scale=20)

@@ -62,9 +62,11 @@ def bind(fn, *args):
 
 def grad_fn(fn, inputs, dy):
     """A call of the backward alone: the forward graph is built at the first call (on the stream the
-    timing runs on, which a CUDA graph's capture needs) and kept (retain_graph)."""
+    timing runs on, which a CUDA graph's capture needs) and kept (retain_graph). The inputs become leaves
+    of this call's own (same data), so no autograd node is shared with a baseline timed on another stream."""
     if fn is None:
         return None
+    inputs = tuple(t.detach().requires_grad_(t.requires_grad) for t in inputs)
     built = []
 
     def backward():

@@ -78,6 +78,21 @@ def num_sms(device: torch.device) -> int:
     return 4  # the interpreter: a few programs are plenty
 
 
+@functools.lru_cache(maxsize=None)
+def shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory one program may use on `device` (as Triton's fused-softmax tutorial reads it)."""
+    if device.type != "cuda":
+        return 1 << 30  # the interpreter has no limit
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+
+
+def pipeline_stages(device: torch.device, stage_bytes: int, stages: int) -> int:
+    """`stages`, or fewer where that many copies of a pipelined loop's loads (`stage_bytes` each) would not
+    fit in one program's shared memory next to Triton's reduction scratch (1 = no pipelining)."""
+    return max(1, min(stages, (shared_memory(device) - 16 * 1024) // stage_bytes))
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 

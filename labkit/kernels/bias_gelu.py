@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from labkit.kernels._common import (INTERPRETED, check_same_device, check_same_dtype, check_tensor,
-                                    next_pow2, num_sms, rows_2d, sum_partials)
+                                    next_pow2, num_sms, pipeline_stages, rows_2d, sum_partials)
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -65,15 +65,16 @@ def bias_gelu_fwd_kernel(x_ptr, b_ptr, y_ptr, M, N, stride_x, stride_y,
 @triton.jit
 def bias_gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, dbias_partial_ptr, M, N,
                          stride_dy, stride_x, stride_dx, n_row_tiles, n_row_programs,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     # Program (p, j) walks row tiles p, p + n_row_programs, ... of column block j, writing dx and
     # summing dx over its rows; the partial sums (one row per p) are added up afterwards.
+    # Triton pipelines the walk STAGES deep: the next tiles' dy and x load into shared memory meanwhile.
     p = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for t in range(p, n_row_tiles, n_row_programs):
+    for t in tl.range(p, n_row_tiles, n_row_programs, num_stages=STAGES):
         rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = (rows < M)[:, None] & col_mask[None, :]
         rows64 = rows.to(tl.int64)[:, None]
@@ -89,12 +90,13 @@ def bias_gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, dbias_partial_ptr, M, N,
     tl.store(dbias_partial_ptr + p * N + cols, tl.sum(acc, axis=0), mask=col_mask)
 
 
-# (elements per tile, widest tile, num_warps) of the forward and, by dtype, the backward; the
-# backward's programs per SM (each walks many row tiles, so few partial rows of dbias remain to add up).
-# Swept on an H200.
+# (elements per tile, widest tile, num_warps) of the forward and, by dtype, the backward; by dtype, the
+# backward's programs per SM (each walks many row tiles, so few partial rows of dbias remain to add up),
+# and how deep its loop is pipelined. Swept on an H200.
 FWD_TILE = (4096, 1024, 4)
-BWD_TILE = {torch.float32: (4096, 1024, 4), torch.float16: (4096, 512, 4), torch.bfloat16: (4096, 512, 4)}
-BWD_PROGRAMS_PER_SM = 4
+BWD_TILE = {torch.float32: (4096, 512, 8), torch.float16: (4096, 1024, 4), torch.bfloat16: (4096, 1024, 4)}
+BWD_PROGRAMS_PER_SM = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 2}
+BWD_STAGES = 3
 
 
 def _tiles(n_cols: int, tile: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -126,12 +128,13 @@ def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) ->
     bm, bn, warps = _tiles(N, BWD_TILE[x.dtype])
     row_tiles, col_tiles = triton.cdiv(M, bm), triton.cdiv(N, bn)
     # Enough programs to fill the GPU a few times over, each summing many rows: few partial rows.
-    programs = max(1, min(row_tiles, BWD_PROGRAMS_PER_SM * num_sms(x.device) // col_tiles))
+    programs = max(1, min(row_tiles, BWD_PROGRAMS_PER_SM[x.dtype] * num_sms(x.device) // col_tiles))
     partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
     if x2.numel():
+        stages = pipeline_stages(x.device, 2 * bm * bn * x.element_size(), BWD_STAGES)  # dy and x of a tile
         bias_gelu_bwd_kernel[(programs, col_tiles)](dy2, x2, bias, dx, partial, M, N,
                                                     dy2.stride(0), x2.stride(0), dx.stride(0), row_tiles, programs,
-                                                    BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+                                                    BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)
     else:
         partial.zero_()
     return dx.view(x.shape), sum_partials(partial[None], bias.dtype)[0]

@@ -7,8 +7,10 @@ backward bytes: read dy, x, weight and the 2M statistics; write dx, dweight, dbi
 (3n + 3N) * element_size + 8M.
 FLOPs: about 8 per element forward and 12 backward. Memory-bound.
 The structure follows Triton's layer-norm tutorial: the backward writes partial sums of
-dweight and dbias (one row per program), then adds those partial rows up. Backward rows wider
-than 8192 are split across programs (see layer_norm_bwd_split_kernel).
+dweight and dbias (one row per program), then adds those partial rows up. Its loop over row tiles,
+and the forward's for rows wider than 8192, are pipelined by Triton (tl.range's num_stages), so the
+next rows load while this one reduces. Backward rows wider than 8192 are split across programs
+(see layer_norm_bwd_split_kernel).
 """
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ import triton
 import triton.language as tl
 
 from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, arrive, check_same_device, check_same_dtype,
-                                    check_tensor, next_pow2, num_sms, row_tile, rows_2d, split_exchange, split_ticket,
-                                    sum_partials, wait_for)
+                                    check_tensor, next_pow2, num_sms, pipeline_stages, row_tile, rows_2d,
+                                    split_exchange, split_ticket, sum_partials, wait_for)
 
 MAX_COLS = 16384  # a whole row is held in registers
 
@@ -48,18 +50,19 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
 
 
 @triton.jit
-def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, stride_x, stride_y, eps,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # x_ptr, y_ptr: (M, N) rows; w_ptr, b_ptr: (N,); mean_ptr, rstd_ptr: fp32 (M,) for the backward.
-    # A tile of BLOCK_M whole rows: statistics in fp32 registers, one read of x, one write of y.
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+def _ln_fwd_tile(x_ptr, w, b, y_ptr, mean_ptr, rstd_ptr, tile, M, N, stride_x, stride_y, eps,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Row tile `tile`: statistics in fp32 registers, one read of x, one write of y. w and b: pointers to
+    # weight and bias (loaded here, after x), or their fp32 values, loaded once before a loop.
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_mask, col_mask = rows < M, cols < N
     mask = row_mask[:, None] & col_mask[None, :]
     rows64 = rows.to(tl.int64)[:, None]
     x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if w.dtype.is_ptr():
+        w = tl.load(w + cols, mask=col_mask, other=0.0).to(tl.float32)
+        b = tl.load(b + cols, mask=col_mask, other=0.0).to(tl.float32)
     mean = tl.sum(x, axis=1) / N
     xc = tl.where(mask, x - mean[:, None], 0.0)  # padding must not count in the variance
     var = tl.sum(xc * xc, axis=1) / N
@@ -71,18 +74,34 @@ def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, 
 
 
 @triton.jit
+def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, stride_x, stride_y, eps, n_tiles,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+    # x_ptr, y_ptr: (M, N) rows; w_ptr, b_ptr: (N,); mean_ptr, rstd_ptr: fp32 (M,) for the backward.
+    # STAGES 0: one program per tile of BLOCK_M whole rows. A row too wide for two programs to share an SM
+    # would leave memory idle while its one program reduces, so there (STAGES > 0) each SM runs one program
+    # over tiles p, p + P, ...: Triton pipelines that loop, loading the next tiles into shared memory meanwhile
+    # (weight and bias are loaded once, before it, so only x takes shared memory).
+    if STAGES == 0:
+        _ln_fwd_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tl.program_id(0), M, N, stride_x, stride_y,
+                     eps, BLOCK_M, BLOCK_N)
+    else:
+        cols = tl.arange(0, BLOCK_N)
+        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=STAGES):
+            _ln_fwd_tile(x_ptr, w, b, y_ptr, mean_ptr, rstd_ptr, tile, M, N, stride_x, stride_y, eps, BLOCK_M,
+                         BLOCK_N)
+
+
+@triton.jit
 def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
                           M, N, stride_dy, stride_x, stride_dx, n_row_tiles,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
-                          HOLD_W: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     # Program p handles row tiles p, p + P, p + 2P, ... (P programs): it writes dx for those rows
     # and sums dy * xhat and dy over them, then stores the two partial sums as row p of
     # dw_partial / db_partial; the caller adds the P partial rows up.
-    # With PREFETCH, each iteration first issues the loads of the *next* tile, so they are in flight
-    # while this tile is reduced and written (a hand-made two-stage pipeline); wide rows skip it,
-    # as two tiles of x and dy would no longer fit in registers (the spills cost more than it saves).
-    # HOLD_W keeps weight in registers for the whole loop; very wide rows reload it from L2 each tile
-    # instead, leaving the registers to x, dy and the two accumulators.
+    # Triton pipelines the loop STAGES deep: the next tiles' x and dy are copied into shared memory while
+    # this tile is reduced and written, so the loads never stop.
     p = tl.program_id(0)
     n_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
@@ -90,48 +109,26 @@ def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_p
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     db_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    x_next, dy_next, mean_next, rstd_next = _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, p, M, cols, col_mask,
-                                                         stride_dy, stride_x, BLOCK_M)
-    for t in range(p, n_row_tiles, n_programs):
-        if PREFETCH:
-            x, dy, mean, rstd = x_next.to(tl.float32), dy_next.to(tl.float32), mean_next, rstd_next
-            x_next, dy_next, mean_next, rstd_next = _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, t + n_programs,
-                                                                 M, cols, col_mask, stride_dy, stride_x, BLOCK_M)
-        else:
-            x, dy, mean, rstd = _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, t, M, cols, col_mask,
-                                             stride_dy, stride_x, BLOCK_M)
-            x, dy = x.to(tl.float32), dy.to(tl.float32)
+    for t in tl.range(p, n_row_tiles, n_programs, num_stages=STAGES):
         rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask = (rows < M)[:, None] & col_mask[None, :]
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-        if not HOLD_W:
-            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         wdy = w[None, :] * dy
         # dx = rstd * (w dy - mean(w dy) - xhat * mean(xhat w dy))
         c1 = tl.sum(xhat * wdy, axis=1) / N
         c2 = tl.sum(wdy, axis=1) / N
         dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
-        tl.store(dx_ptr + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
-                 mask=mask)
+        tl.store(dx_ptr + rows64 * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw_acc += dy * xhat
         db_acc += dy
     tl.store(dw_partial_ptr + p * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
     tl.store(db_partial_ptr + p * N + cols, tl.sum(db_acc, axis=0), mask=col_mask)
-
-
-@triton.jit
-def _ln_bwd_load(dy_ptr, x_ptr, mean_ptr, rstd_ptr, tile, M, cols, col_mask, stride_dy, stride_x,
-                 BLOCK_M: tl.constexpr):
-    # x, dy (in their own dtype), mean and rstd of row tile `tile` (all masked off past the last row).
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_mask = rows < M
-    mask = row_mask[:, None] & col_mask[None, :]
-    rows64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
-    dy = tl.load(dy_ptr + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0)
-    mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
-    rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
-    return x, dy, mean, rstd
 
 
 # Wide backward rows, split. A whole row of x and dy plus the two row-wide accumulators of dweight and
@@ -190,33 +187,42 @@ def layer_norm_bwd_split_kernel(part_ptr, count_ptr, M, SPLITS, GROUPS, dy_ptr, 
         tl.store(db_partial_ptr + g * N + cols, db_acc, mask=col_mask)
 
 
-# Tile choices (swept on an H200): (min elements per tile, values per thread) of the forward by
-# dtype, and the row width from which a forward tile holds two rows; the backward's values per thread
-# by dtype and its programs per SM, each for (rows of up to 4096, wider rows), the widest row it
-# prefetches and, by dtype, the widest row that keeps weight in registers.
+# Tile choices (swept on an H200). Forward: (min elements per tile, values per thread) by dtype, and the row
+# width from which a tile holds two rows. Rows of FWD_WIDE[0] columns or more go one at a time, on FWD_WIDE[1]
+# warps, one program per SM, its loop pipelined FWD_WIDE[2] deep (bf16 4096x16384: 0.84x the time of two-row tiles).
 FWD_TILE = {torch.float32: (1024, 16), torch.float16: (4096, 32), torch.bfloat16: (4096, 32)}
 FWD_TWO_ROWS_FROM = {torch.float32: 1 << 30, torch.float16: 4096, torch.bfloat16: 4096}
-BWD_VALUES_PER_THREAD = {torch.float32: (16, 16), torch.float16: (16, 32), torch.bfloat16: (16, 32)}
-BWD_PROGRAMS_PER_SM = {torch.float32: (1, 1), torch.float16: (2, 1), torch.bfloat16: (2, 1)}
-BWD_PREFETCH_MAX_COLS = 4096
-BWD_HOLD_W_MAX_COLS = {torch.float32: 16384, torch.float16: 4096, torch.bfloat16: 4096}
+FWD_WIDE = (8193, 16, 3)
+# Backward: tiles of at least BWD_TILE[dtype] elements, BWD_VALUES_PER_THREAD values per thread, one program per
+# SM, its loop pipelined BWD_STAGES deep (at 8192x8192 bf16, 0.6x the time of a hand-made two-stage prefetch).
+BWD_TILE = {torch.float32: 4096, torch.float16: 8192, torch.bfloat16: 8192}
+BWD_VALUES_PER_THREAD = 32
+BWD_STAGES = 3
 # Backward rows of BWD_SPLIT[0] columns or more are split (layer_norm_bwd_split_kernel), into chunks of
-# BWD_SPLIT[1] columns on BWD_SPLIT[2] warps, BWD_SPLIT[3] programs per SM. At 8192 columns the whole-row
-# kernel was as fast (bf16) or faster (fp32); at 16384 the split one took 0.68x (fp32), 0.80x (bf16) the time.
+# BWD_SPLIT[1] columns on BWD_SPLIT[2] warps, BWD_SPLIT[3] programs per SM. At 16384 columns the whole-row
+# kernel keeps two row-wide accumulators per program: it spills, and took 1.1x (bf16) the split one's time.
 BWD_SPLIT = (8193, 4096, 4, 2)
 
 
-def _fwd_tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
+def _fwd_plan(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, int]:
+    """(programs, BLOCK_M, BLOCK_N, num_warps, STAGES) of the forward (STAGES 0: one tile per program)."""
+    from_cols, wide_warps, stages = FWD_WIDE
+    if N >= from_cols:
+        bn = next_pow2(N)
+        return (min(M, num_sms(device)), 1, bn, 1 if INTERPRETED else wide_warps,
+                pipeline_stages(device, bn * dtype.itemsize, stages))
     min_tile, per_thread = FWD_TILE[dtype]
     if N >= FWD_TWO_ROWS_FROM[dtype]:  # 16-bit rows of 4096+: two rows a tile kept more bytes in flight
         min_tile = max(min_tile, 2 * next_pow2(N))
-    return row_tile(N, min_tile, per_thread)
+    bm, bn, warps = row_tile(N, min_tile, per_thread)
+    return triton.cdiv(M, bm), bm, bn, warps, 0
 
 
-def _bwd_tile(N: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    # Tiles of >= 4096 elements; single rows get 4 warps up to 4096 columns, packed rows 8 warps.
-    bm, bn, warps = row_tile(N, 4096, BWD_VALUES_PER_THREAD[dtype][N > 4096], max_warps=32)
-    return bm, bn, (warps if bm == 1 else max(warps, 8)) if not INTERPRETED else 1
+def _bwd_plan(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, int]:
+    """(programs, BLOCK_M, BLOCK_N, num_warps, STAGES) of the whole-row backward."""
+    bm, bn, warps = row_tile(N, BWD_TILE[dtype], BWD_VALUES_PER_THREAD)
+    stages = pipeline_stages(device, 2 * bm * bn * dtype.itemsize, BWD_STAGES)  # x and dy of a tile
+    return max(1, min(triton.cdiv(M, bm), num_sms(device))), bm, bn, warps, stages
 
 
 def _split_plan(M: int, N: int, device: torch.device) -> tuple[int, int, int, int] | None:
@@ -237,9 +243,10 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     mean = torch.empty(M, dtype=torch.float32, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     if x2.numel():
-        bm, bn, warps = _fwd_tile(N, x.dtype)
-        layer_norm_fwd_kernel[(triton.cdiv(M, bm),)](x2, weight, bias, y, mean, rstd, M, N, x2.stride(0),
-                                                      y.stride(0), eps, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+        programs, bm, bn, warps, stages = _fwd_plan(M, N, x.dtype, x.device)
+        layer_norm_fwd_kernel[(programs,)](x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), y.stride(0), eps,
+                                           triton.cdiv(M, bm), BLOCK_M=bm, BLOCK_N=bn, STAGES=stages,
+                                           num_warps=warps)
     return y.view(x.shape), mean, rstd
 
 
@@ -249,11 +256,9 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     x2, dy2 = rows_2d(x), rows_2d(dy)
     M, N = x2.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    bm, bn, warps = _bwd_tile(N, x.dtype)
-    row_tiles = triton.cdiv(M, bm)
     plan = _split_plan(M, N, x.device)
-    per_sm = BWD_PROGRAMS_PER_SM[x.dtype][N > 4096]
-    programs = plan[2] if plan else max(1, min(row_tiles, per_sm * num_sms(x.device)))
+    programs, bm, bn, warps, stages = _bwd_plan(M, N, x.dtype, x.device)
+    programs = plan[2] if plan else programs
     partial = torch.empty((2, programs, N), dtype=torch.float32, device=x.device)
     if x2.numel() and plan:
         chunk, splits, groups, split_warps = plan
@@ -265,9 +270,8 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                 num_warps=split_warps)
     elif x2.numel():
         layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
-                                           dy2.stride(0), x2.stride(0), dx.stride(0), row_tiles, BLOCK_M=bm,
-                                           BLOCK_N=bn, PREFETCH=N <= BWD_PREFETCH_MAX_COLS,
-                                           HOLD_W=N <= BWD_HOLD_W_MAX_COLS[x.dtype], num_warps=warps)
+                                           dy2.stride(0), x2.stride(0), dx.stride(0), triton.cdiv(M, bm), BLOCK_M=bm,
+                                           BLOCK_N=bn, STAGES=stages, num_warps=warps)
     else:
         partial.zero_()
     dw, db = sum_partials(partial, weight.dtype)
