@@ -91,9 +91,12 @@ def run_kernel(case: BenchCase, sizes: list[str], dtypes: list[str], use_compile
     jobs = [(s, d) for s in sizes for d in dtypes]
     for size, dtype_name in tqdm(jobs, desc=case.name, unit="case", leave=False):
         with tf32(dtype_name == "tf32"):
-            timed = case.make(parse_shape(size), DTYPES[dtype_name], use_compile)
             try:
+                timed = case.make(parse_shape(size), DTYPES[dtype_name], use_compile)
                 t = _time(timed.triton, quick_cpu, cuda_graph)
+            except ValueError as exc:  # a size this kernel does not take: its own message says why
+                tqdm.write(f"{case.name} {size} {dtype_name}: skipped: {str(exc).splitlines()[0][:200]}")
+                continue
             except RuntimeError as exc:  # e.g. a call that a CUDA graph cannot capture (host copies, syncs)
                 if not cuda_graph:
                     raise
@@ -283,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = args.sizes or list(case.gpu_sizes if cfg.is_gpu else case.cpu_sizes)
         dtypes = args.dtypes or list(case.gpu_dtypes if cfg.is_gpu else case.cpu_dtypes)
         rows = run_kernel(case, sizes, dtypes, use_compile, ceil, args.cuda_graph)
-        print(table(case, rows), "\n", flush=True)
+        print(table(case, rows) if rows else f"{case.name}: no size ran (see the lines above)", "\n", flush=True)
         all_rows += rows
     if args.save:
         print("saved", ", ".join(str(p) for p in save(all_rows, args.save, ceil, timing)))

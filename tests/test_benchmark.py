@@ -61,6 +61,16 @@ def test_peers_are_absent_without_a_gpu_and_their_column_is_dropped(monkeypatch,
     assert "vs eager" in out and "vs liger" not in out
 
 
+def test_a_size_a_kernel_cannot_take_is_skipped_with_its_reason(capsys):
+    # Layer norm takes rows of at most 16384: one line says so, and the next kernel still runs.
+    assert benchmark.main(["layer_norm", "vector_add", "--sizes", "16385"]) == 0
+    captured = capsys.readouterr()
+    said = captured.out + captured.err
+    assert "layer_norm 16385 fp32: skipped: layer_norm: rows of 16385 elements are longer" in said
+    assert "Traceback" not in said
+    assert "layer_norm: no size ran" in captured.out and "vector_add  (rate" in captured.out
+
+
 def test_a_new_kernel_module_is_one_entry_in_the_list(monkeypatch, capsys):
     def make(dims, dtype, use_compile):
         x = torch.randn(*dims, dtype=dtype)
