@@ -91,6 +91,7 @@ def run_kernel(case: BenchCase, sizes: list[str], dtypes: list[str], use_compile
     jobs = [(s, d) for s in sizes for d in dtypes]
     for size, dtype_name in tqdm(jobs, desc=case.name, unit="case", leave=False):
         with tf32(dtype_name == "tf32"):
+            timed = None
             try:
                 timed = case.make(parse_shape(size), DTYPES[dtype_name], use_compile)
                 t = _time(timed.triton, quick_cpu, cuda_graph)
@@ -98,7 +99,7 @@ def run_kernel(case: BenchCase, sizes: list[str], dtypes: list[str], use_compile
                 tqdm.write(f"{case.name} {size} {dtype_name}: skipped: {str(exc).splitlines()[0][:200]}")
                 continue
             except RuntimeError as exc:  # e.g. a call that a CUDA graph cannot capture (host copies, syncs)
-                if not cuda_graph:
+                if not cuda_graph or timed is None:  # (making the inputs failed: not the capture)
                     raise
                 tqdm.write(f"{case.name} {timed.shape} {dtype_name}: skipped, a CUDA graph cannot capture it: "
                            f"{str(exc).splitlines()[0][:120]}")

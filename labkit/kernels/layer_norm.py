@@ -257,8 +257,10 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     M, N = x2.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     plan = _split_plan(M, N, x.device)
-    programs, bm, bn, warps, stages = _bwd_plan(M, N, x.dtype, x.device)
-    programs = plan[2] if plan else programs
+    if plan:
+        programs = plan[2]
+    else:
+        programs, bm, bn, warps, stages = _bwd_plan(M, N, x.dtype, x.device)
     partial = torch.empty((2, programs, N), dtype=torch.float32, device=x.device)
     if x2.numel() and plan:
         chunk, splits, groups, split_warps = plan
