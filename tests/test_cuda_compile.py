@@ -35,6 +35,20 @@ def test_cu_file_compiles(source, tmp_path):
 
 
 @needs_nvcc
+@pytest.mark.parametrize("elem", [0, 1, 2], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("cluster", [2, 16])
+def test_softmax_cluster_compiles_for_hopper(elem, cluster, tmp_path):
+    """The run-time (NVRTC) kernel, with the defines labkit.kernels.softmax passes, compiles for Hopper
+    without warnings or register spills (the kernel keeps its chunk of a row in registers)."""
+    cmd = [NVCC, "-c", "-O3", "-std=c++17", "--Werror", "all-warnings", "-gencode", TARGETS[0], "-Xptxas", "-v",
+           f"-DELEM={elem}", f"-DCLUSTER={cluster}", "-DTHREADS=512", "-DVECS=8",
+           str(cuda.SOURCE_DIR / "softmax_cluster.cu"), "-o", str(tmp_path / "k.o")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{' '.join(cmd)}\nfailed:\n{done.stderr}{done.stdout}"
+    assert "0 bytes spill stores" in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+@needs_nvcc
 def test_a_broken_kernel_fails_to_compile(tmp_path):
     """The check above can fail: a kernel calling an undeclared function does not compile."""
     bad = tmp_path / "bad.cu"

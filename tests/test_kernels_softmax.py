@@ -59,8 +59,10 @@ def test_softmax_counts():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_split_rows_match_float64(dtype, poison_outputs, close64, monkeypatch):
-    # Every dtype through the split path (forced: by default only long rows, or few rows, are split).
+    # Every dtype through the Triton split path (forced: by default only long rows, or few rows, are split;
+    # on a Hopper GPU the cluster kernel would take them, see the tests below).
     mod = kernels.modules()["softmax"]
+    monkeypatch.setattr(mod, "MAX_CLUSTER", 0)
     monkeypatch.setattr(mod, "SPLIT_CHUNK", 64)  # rows of 333 take six chunks, the last one partial
     x = randn(5, 333, dtype=dtype)
     x[1, 300] = 40.0  # the row maximum sits in the last chunk
@@ -82,3 +84,75 @@ def test_split_is_chosen_for_long_or_few_rows():
     assert not use_split(2, 1024, torch.float32, cpu)
     assert use_split(1024, 65536, torch.bfloat16, cpu)  # 16-bit long rows split too (one exp per element)
     assert not use_split(1024, MAX_FUSED_COLS[torch.bfloat16], torch.bfloat16, cpu)
+
+
+def test_cluster_size_covers_the_row_in_powers_of_two(monkeypatch):
+    from labkit.kernels.softmax import cluster_size
+    mod = kernels.modules()["softmax"]
+    monkeypatch.setattr(mod, "CLUSTER_THREADS", 512)
+    monkeypatch.setattr(mod, "CLUSTER_VECS", 8)  # 64 KB a block: 16384 fp32 or 32768 16-bit elements
+    assert cluster_size(65536, torch.float32) == 4 and cluster_size(65536, torch.bfloat16) == 2
+    assert cluster_size(131072, torch.float32) == 8 and cluster_size(40000, torch.float32) == 4
+    assert cluster_size(100, torch.float32) == 2  # at least two blocks: one row to a block is the fused kernel
+    assert cluster_size(16 * 16384, torch.float32) == 16 and cluster_size(16 * 16384 + 4, torch.float32) is None
+
+
+def test_cluster_kernel_falls_back_with_a_warning(monkeypatch):
+    # Where NVRTC or clusters are missing, long rows take the Triton split kernel, and the student is told why.
+    from labkit.cuda import rtc
+    mod = kernels.modules()["softmax"]
+
+    def no_nvrtc(*args, **kwargs):
+        raise RuntimeError("no NVRTC here")
+    monkeypatch.setattr(rtc, "compile_kernel", no_nvrtc)
+    mod._cluster_kernel.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="Triton split kernel.*no NVRTC here"):
+            assert mod._cluster_kernel(torch.float32, 4, 0, 512, 8) is None
+    finally:
+        mod._cluster_kernel.cache_clear()
+    if DEV.type == "cpu":  # the interpreter never asks for it
+        assert not mod._softmax_cluster(randn(2, 64), torch.empty(2, 64))
+
+
+def test_nvrtc_helper_says_what_is_missing(monkeypatch):
+    from labkit.cuda import rtc
+    monkeypatch.delattr(torch.cuda, "_compile_kernel", raising=False)
+    rtc.compile_kernel.cache_clear()
+    with pytest.raises(RuntimeError, match="no torch.cuda._compile_kernel.*2.8 or later"):
+        rtc.compile_kernel("softmax_cluster.cu", "softmax_cluster", 0, ELEM=0, CLUSTER=2, THREADS=32, VECS=1)
+    rtc.compile_kernel.cache_clear()
+
+
+HOPPER = DEV.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
+
+
+@pytest.mark.skipif(not HOPPER, reason="thread-block clusters need a Hopper (sm_90) GPU or newer")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cluster_kernel_matches_float64(dtype, poison_outputs, close64, monkeypatch):
+    # Long rows on Hopper: the cluster kernel at the bench's full sizes, odd widths (a cluster's last blocks
+    # partly or wholly past the row), strided rows, many rows, whole chunks of -inf and a late row maximum.
+    mod = kernels.modules()["softmax"]
+    split = []
+    monkeypatch.setattr(mod, "_softmax_split", lambda *a: split.append(a))  # the Triton path must not run
+    for rows, cols in [(1024, 65536), (256, 131072), (5, 40000), (3001, 20000), (3, 16392), (7, 8)]:
+        x = randn(rows, cols + 64, dtype=dtype)[:, 64:]  # strided rows, each 16-byte aligned
+        x[0, : cols // 2] = -float("inf")
+        x[-1, -1] = 40.0
+        y = kernels.softmax(x, split=True)
+        close64(y, torch.softmax(x.double(), dim=-1))
+        assert y.is_contiguous()
+    assert not split, "the Triton split kernel ran where the cluster kernel should have"
+
+
+@pytest.mark.skipif(not HOPPER, reason="thread-block clusters need a Hopper (sm_90) GPU or newer")
+def test_rows_the_cluster_kernel_cannot_take_go_to_triton(poison_outputs, close64, monkeypatch):
+    # Rows not in whole 16-byte vectors (odd widths, odd strides, an odd start) and rows longer than 16 blocks.
+    mod = kernels.modules()["softmax"]
+    ran = []
+    real = mod._softmax_split
+    monkeypatch.setattr(mod, "_softmax_split", lambda *a: (ran.append(a[0].shape), real(*a)))
+    for x in [randn(3, 40001), randn(3, 40008)[:, 1:40001], randn(2, 16 * 16384 + 4),
+              randn(3, 65537, dtype=torch.bfloat16)[:, 1:]]:
+        close64(kernels.softmax(x, split=True), torch.softmax(x.double(), dim=-1))
+    assert len(ran) == 4

@@ -4,11 +4,15 @@ With x of shape (..., N) holding n elements: bytes: read x once, write y once: 2
 FLOPs: about 4 per element (subtract, exp, add, divide). Memory-bound: one pass over memory when
 a whole row fits in registers. Longer rows (and rows too few to fill the GPU) are split into chunks
 across programs (see softmax_split_kernel), so each element is still read once and written once, with
-one exp per element. The streaming kernel (two reads of each row) is kept for teaching and testing.
+one exp per element. On Hopper GPUs those rows go instead to one CUDA kernel per row cluster (see
+_softmax_cluster): its blocks exchange partials through distributed shared memory, which Triton cannot
+reach. The streaming kernel (two reads of each row) is kept for teaching and testing.
 """
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 
 import torch
 import triton
@@ -25,6 +29,10 @@ ONLINE_BLOCK, ONLINE_WARPS, ONLINE_PROGRAMS_PER_SM = 8192, 16, 4
 # an H200 at 1024x65536 and 256x131072 (fp32 and bf16).
 SPLIT_CHUNK = 8192
 SPLIT_WARPS = 4
+# Split rows on Hopper (labkit/cuda/softmax_cluster.cu): each block of a cluster holds CLUSTER_THREADS x
+# CLUSTER_VECS 16-byte vectors of its row in registers (64 KB); a row takes 2 to MAX_CLUSTER blocks. Swept on
+# an H200 at 1024x65536, 256x131072 and 256x65536 (fp32 and bf16) against 128-1024 threads and 4-16 vectors.
+CLUSTER_THREADS, CLUSTER_VECS, MAX_CLUSTER = 512, 8, 16
 
 
 def min_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
@@ -127,7 +135,8 @@ def softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = No
     online: None picks the one-pass kernel when a row fits (see MAX_FUSED_COLS), True forces the
     streaming kernel (for teaching and testing), False forces one pass.
     split: None splits rows across programs when they are too long for one (or too few to fill the
-    GPU, see use_split); True forces it (testing), False never (then long rows stream).
+    GPU, see use_split); True forces it (testing), False never (then long rows stream). On a Hopper GPU
+    split rows go to the CUDA cluster kernel (labkit/cuda/softmax_cluster.cu) when they are 16-byte aligned.
     Differentiable: when x requires grad, the backward is dx = y * (dy - sum(dy * y)) (in PyTorch, fp32).
     """
     if builds_graph(x):
@@ -167,6 +176,51 @@ def _softmax_split(x2: torch.Tensor, y: torch.Tensor) -> None:
                                             num_warps=1 if INTERPRETED else SPLIT_WARPS)
 
 
+def cluster_size(N: int, dtype: torch.dtype) -> int | None:
+    """Blocks per row cluster for rows of N elements (a power of two, 2..MAX_CLUSTER), None if too long."""
+    block_cols = CLUSTER_THREADS * CLUSTER_VECS * 16 // (torch.finfo(dtype).bits // 8)
+    blocks = max(2, next_pow2(triton.cdiv(N, block_cols)))
+    return blocks if blocks <= MAX_CLUSTER else None
+
+
+def _softmax_cluster(x2: torch.Tensor, y: torch.Tensor) -> bool:
+    """Softmax of x2's rows into y by the cluster kernel; False (nothing done) where it cannot run: not a
+    Hopper GPU, rows not in whole 16-byte vectors (width, stride, start), rows too long, or no NVRTC."""
+    M, N = x2.shape
+    size = x2.element_size()
+    cluster = cluster_size(N, x2.dtype)
+    if (INTERPRETED or cluster is None or torch.cuda.get_device_capability(x2.device) < (9, 0)
+            or (N * size) % 16 or (x2.stride(0) * size) % 16 or x2.data_ptr() % 16 or y.data_ptr() % 16
+            or M * cluster >= 2**31 or x2.stride(0) * size >= 2**35):
+        return False
+    index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    kernel = _cluster_kernel(x2.dtype, cluster, index, CLUSTER_THREADS, CLUSTER_VECS)
+    if kernel is None:
+        return False
+    per_vec = 16 // size  # elements per 16-byte vector; y is contiguous
+    kernel(M * cluster, CLUSTER_THREADS, x2, y, N // per_vec, x2.stride(0) // per_vec, N // per_vec)
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _cluster_kernel(dtype: torch.dtype, cluster: int, device_index: int, threads: int, vecs: int):
+    """The cluster kernel compiled for this dtype and cluster size, or None with a warning (once)."""
+    from labkit.cuda import rtc
+
+    try:
+        kernel = rtc.compile_kernel("softmax_cluster.cu", "softmax_cluster", device_index,
+                                    ELEM=(torch.float32, torch.bfloat16, torch.float16).index(dtype),
+                                    CLUSTER=cluster, THREADS=threads, VECS=vecs)
+        with torch.cuda.device(device_index):
+            if rtc.max_active_clusters(kernel, cluster, threads) < 1:
+                raise RuntimeError(f"a cluster of {cluster} blocks of {threads} threads does not fit on this GPU")
+    except Exception as exc:  # no NVRTC library, a driver without clusters...
+        warnings.warn(f"softmax: long rows take the Triton split kernel (slower) because the cluster kernel "
+                      f"cannot run here: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=4)
+        return None
+    return kernel
+
+
 def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = None) -> torch.Tensor:
     check_tensor("softmax", "x", x)
     if x.dim() == 0:
@@ -179,7 +233,8 @@ def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = N
     if split is None:
         split = online is None and use_split(M, N, x.dtype, x.device)
     if split:
-        _softmax_split(x2, y)
+        if not _softmax_cluster(x2, y):
+            _softmax_split(x2, y)
         return y.view(x.shape)
     if online is None:
         online = N > MAX_FUSED_COLS[x.dtype]

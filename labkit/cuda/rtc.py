@@ -1,0 +1,80 @@
+"""CUDA kernels compiled at run time with NVRTC, through PyTorch (no nvcc, no ninja, no build folder).
+
+For a kernel a Triton program cannot express (softmax_cluster.cu uses thread-block clusters). NVRTC ships
+with PyTorch's CUDA builds; where this PyTorch or GPU cannot compile or run a kernel, `compile_kernel` raises
+and callers take their Triton path instead.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+SOURCE_DIR = Path(__file__).resolve().parent
+# CUfunction_attribute CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: clusters of more than 8 blocks.
+_NON_PORTABLE_CLUSTER = 14
+
+
+@functools.lru_cache(maxsize=None)
+def _driver() -> ctypes.CDLL:
+    """The CUDA driver library, loaded once (torch's helper loads it anew on every call)."""
+    from torch.cuda._utils import _get_gpu_runtime_library
+
+    lib = _get_gpu_runtime_library()
+    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_void_p]
+    return lib
+
+
+class Kernel:
+    """A kernel compiled by `compile_kernel`: kernel(grid, block, *args) launches grid x block threads
+    (1-D) on the current stream; tensors pass as their data pointers, ints as 32-bit ints."""
+
+    def __init__(self, func: ctypes.c_void_p):
+        self.func = func
+
+    def __call__(self, grid: int, block: int, *args: torch.Tensor | int) -> None:
+        values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
+        pointers = (ctypes.c_void_p * len(values))(*map(ctypes.addressof, values))
+        error = _driver().cuLaunchKernel(self.func, grid, 1, 1, block, 1, 1, 0,
+                                         torch.cuda.current_stream().cuda_stream, pointers, None)
+        if error:
+            from torch.cuda._utils import _check_cuda
+
+            _check_cuda(error)
+
+
+@functools.lru_cache(maxsize=None)
+def compile_kernel(file: str, name: str, device_index: int, **defines: int) -> Kernel:
+    """The kernel `name` of labkit/cuda/`file` compiled with `-D key=value` for each of `defines`, loaded
+    on GPU `device_index`."""
+    compile_ = getattr(torch.cuda, "_compile_kernel", None)
+    if compile_ is None:
+        raise RuntimeError(f"PyTorch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC): "
+                           "PyTorch 2.8 or later has it")
+    from torch.cuda._utils import _check_cuda
+
+    with torch.cuda.device(device_index):
+        kernel = compile_((SOURCE_DIR / file).read_text(), name,
+                          nvcc_options=[f"-D{k}={v}" for k, v in defines.items()])
+        if defines.get("CLUSTER", 0) > 8:
+            _check_cuda(_driver().cuFuncSetAttribute(kernel.func, _NON_PORTABLE_CLUSTER, 1))
+    return Kernel(kernel.func)
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+def max_active_clusters(kernel: Kernel, cluster: int, threads: int, shared_mem: int = 0) -> int:
+    """How many clusters of `kernel` (its cluster size set at compile time) the GPU holds at once."""
+    from torch.cuda._utils import _check_cuda
+
+    config = _LaunchConfig((ctypes.c_uint * 3)(cluster, 1, 1), (ctypes.c_uint * 3)(threads, 1, 1), shared_mem,
+                           None, None, 0)
+    count = ctypes.c_int()
+    _check_cuda(_driver().cuOccupancyMaxActiveClusters(ctypes.byref(count), kernel.func, ctypes.byref(config)))
+    return count.value
