@@ -97,6 +97,21 @@ def test_cluster_size_covers_the_row_in_powers_of_two(monkeypatch):
     assert cluster_size(16 * 16384, torch.float32) == 16 and cluster_size(16 * 16384 + 4, torch.float32) is None
 
 
+def test_cluster_launch_takes_smaller_blocks_for_few_rows(monkeypatch):
+    from labkit.kernels.softmax import cluster_launch
+    mod = kernels.modules()["softmax"]
+    for name, value in [("CLUSTER_THREADS", 512), ("CLUSTER_VECS", 8), ("MAX_CLUSTER", 16),
+                        ("CLUSTER_MIN_BLOCKS_PER_SM", 12), ("num_sms", lambda device: 132)]:
+        monkeypatch.setattr(mod, name, value)
+    cpu, bf16, fp32 = torch.device("cpu"), torch.bfloat16, torch.float32
+    assert cluster_launch(1024, 65536, bf16, cpu) == (512, 2)  # 2048 blocks: enough
+    assert cluster_launch(256, 131072, fp32, cpu) == (512, 8)
+    assert cluster_launch(256, 131072, bf16, cpu) == (256, 8)  # 1024 blocks of 512 threads: too few
+    assert cluster_launch(256, 65536, fp32, cpu) == (256, 8)
+    assert cluster_launch(4, 16 * 16384, fp32, cpu) == (512, 16)  # smaller blocks would need 32 to a row
+    assert cluster_launch(4, 16 * 16384 + 4, fp32, cpu) is None
+
+
 def test_cluster_kernel_falls_back_with_a_warning(monkeypatch):
     # Where NVRTC or clusters are missing, long rows take the Triton split kernel, and the student is told why.
     from labkit.cuda import rtc
@@ -156,3 +171,14 @@ def test_rows_the_cluster_kernel_cannot_take_go_to_triton(poison_outputs, close6
               randn(3, 65537, dtype=torch.bfloat16)[:, 1:]]:
         close64(kernels.softmax(x, split=True), torch.softmax(x.double(), dim=-1))
     assert len(ran) == 4
+
+
+@pytest.mark.skipif(not HOPPER or torch.cuda.device_count() < 2, reason="needs two Hopper GPUs")
+def test_cluster_kernel_runs_on_the_tensors_gpu(poison_outputs, close64):
+    # Compiled and launched for the GPU holding x, whichever GPU is current.
+    x = randn(6, 65536).to("cuda:1")
+    assert torch.cuda.current_device() == 0
+    close64(kernels.softmax(x), torch.softmax(x.double(), dim=-1))
+    with torch.cuda.device(1):
+        x0 = randn(6, 65536, dtype=torch.bfloat16).to("cuda:0")
+        close64(kernels.softmax(x0), torch.softmax(x0.double(), dim=-1))

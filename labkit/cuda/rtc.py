@@ -29,21 +29,30 @@ def _driver() -> ctypes.CDLL:
 
 
 class Kernel:
-    """A kernel compiled by `compile_kernel`: kernel(grid, block, *args) launches grid x block threads
-    (1-D) on the current stream; tensors pass as their data pointers, ints as 32-bit ints."""
+    """A kernel compiled by `compile_kernel` for one GPU: kernel(grid, block, *args) launches grid x block
+    threads (1-D) on that GPU's current stream; tensors pass as their data pointers, ints as 32-bit ints."""
 
-    def __init__(self, func: ctypes.c_void_p):
-        self.func = func
+    def __init__(self, func: ctypes.c_void_p, device_index: int):
+        self.func, self.device_index = func, device_index
 
     def __call__(self, grid: int, block: int, *args: torch.Tensor | int) -> None:
+        if torch.cuda.current_device() != self.device_index:
+            with torch.cuda.device(self.device_index):
+                return self(grid, block, *args)
         values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
         pointers = (ctypes.c_void_p * len(values))(*map(ctypes.addressof, values))
-        error = _driver().cuLaunchKernel(self.func, grid, 1, 1, block, 1, 1, 0,
-                                         torch.cuda.current_stream().cuda_stream, pointers, None)
+        error = _driver().cuLaunchKernel(self.func, grid, 1, 1, block, 1, 1, 0, _current_stream(self.device_index),
+                                         pointers, None)
         if error:
             from torch.cuda._utils import _check_cuda
 
             _check_cuda(error)
+
+
+def _current_stream(device_index: int) -> int:
+    """The current CUDA stream's handle (through the call Triton's launcher makes, when this torch has it)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device_index) if raw is not None else torch.cuda.current_stream(device_index).cuda_stream
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,7 +70,7 @@ def compile_kernel(file: str, name: str, device_index: int, **defines: int) -> K
                           nvcc_options=[f"-D{k}={v}" for k, v in defines.items()])
         if defines.get("CLUSTER", 0) > 8:
             _check_cuda(_driver().cuFuncSetAttribute(kernel.func, _NON_PORTABLE_CLUSTER, 1))
-    return Kernel(kernel.func)
+    return Kernel(kernel.func, device_index)
 
 
 class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig

@@ -93,6 +93,11 @@ def pipeline_stages(device: torch.device, stage_bytes: int, stages: int) -> int:
     return max(1, min(stages, (shared_memory(device) - 16 * 1024) // stage_bytes))
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for a grid on the host (triton.cdiv is a constexpr function there: a few us a call)."""
+    return -(-a // b)
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
@@ -137,7 +142,7 @@ def sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     T, P, N = partial.shape
     out = torch.empty((T, N), dtype=dtype, device=partial.device)
     block_n = 32 if INTERPRETED else 64
-    sum_partials_kernel[(triton.cdiv(N, block_n), T)](partial, out, P, N, BLOCK_P=32, BLOCK_N=block_n,
+    sum_partials_kernel[(cdiv(N, block_n), T)](partial, out, P, N, BLOCK_P=32, BLOCK_N=block_n,
                                                       num_warps=1 if INTERPRETED else 4)
     return out
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (INTERPRETED, check_same_device, check_same_dtype, check_tensor,
+from labkit.kernels._common import (INTERPRETED, cdiv, check_same_device, check_same_dtype, check_tensor,
                                     next_pow2, num_sms, pipeline_stages, rows_2d, sum_partials)
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -114,7 +114,7 @@ def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if x2.numel():
         bm, bn, warps = _tiles(N, FWD_TILE)
-        grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
+        grid = (cdiv(M, bm), cdiv(N, bn))
         bias_gelu_fwd_kernel[grid](x2, bias, y, M, N, x2.stride(0), y.stride(0),
                                    BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
     return y.view(x.shape)
@@ -126,7 +126,7 @@ def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) ->
     M, N = x2.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     bm, bn, warps = _tiles(N, BWD_TILE[x.dtype])
-    row_tiles, col_tiles = triton.cdiv(M, bm), triton.cdiv(N, bn)
+    row_tiles, col_tiles = cdiv(M, bm), cdiv(N, bn)
     # Enough programs to fill the GPU a few times over, each summing many rows: few partial rows.
     programs = max(1, min(row_tiles, BWD_PROGRAMS_PER_SM[x.dtype] * num_sms(x.device) // col_tiles))
     partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)

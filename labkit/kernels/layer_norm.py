@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, arrive, check_same_device, check_same_dtype,
+from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, arrive, cdiv, check_same_device, check_same_dtype,
                                     check_tensor, next_pow2, num_sms, pipeline_stages, row_tile, rows_2d,
                                     split_exchange, split_ticket, sum_partials, wait_for)
 
@@ -215,14 +215,14 @@ def _fwd_plan(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple
     if N >= FWD_TWO_ROWS_FROM[dtype]:  # 16-bit rows of 4096+: two rows a tile kept more bytes in flight
         min_tile = max(min_tile, 2 * next_pow2(N))
     bm, bn, warps = row_tile(N, min_tile, per_thread)
-    return triton.cdiv(M, bm), bm, bn, warps, 0
+    return cdiv(M, bm), bm, bn, warps, 0
 
 
 def _bwd_plan(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, int]:
     """(programs, BLOCK_M, BLOCK_N, num_warps, STAGES) of the whole-row backward."""
     bm, bn, warps = row_tile(N, BWD_TILE[dtype], BWD_VALUES_PER_THREAD)
     stages = pipeline_stages(device, 2 * bm * bn * dtype.itemsize, BWD_STAGES)  # x and dy of a tile
-    return max(1, min(triton.cdiv(M, bm), num_sms(device))), bm, bn, warps, stages
+    return max(1, min(cdiv(M, bm), num_sms(device))), bm, bn, warps, stages
 
 
 def _split_plan(M: int, N: int, device: torch.device) -> tuple[int, int, int, int] | None:
@@ -231,7 +231,7 @@ def _split_plan(M: int, N: int, device: torch.device) -> tuple[int, int, int, in
     if N < from_cols:
         return None
     chunk = min(chunk, next_pow2(N))
-    splits = triton.cdiv(N, chunk)
+    splits = cdiv(N, chunk)
     return chunk, splits, max(1, min(M, per_sm * num_sms(device) // splits)), 1 if INTERPRETED else warps
 
 
@@ -245,7 +245,7 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     if x2.numel():
         programs, bm, bn, warps, stages = _fwd_plan(M, N, x.dtype, x.device)
         layer_norm_fwd_kernel[(programs,)](x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), y.stride(0), eps,
-                                           triton.cdiv(M, bm), BLOCK_M=bm, BLOCK_N=bn, STAGES=stages,
+                                           cdiv(M, bm), BLOCK_M=bm, BLOCK_N=bn, STAGES=stages,
                                            num_warps=warps)
     return y.view(x.shape), mean, rstd
 
@@ -272,7 +272,7 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                 num_warps=split_warps)
     elif x2.numel():
         layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
-                                           dy2.stride(0), x2.stride(0), dx.stride(0), triton.cdiv(M, bm), BLOCK_M=bm,
+                                           dy2.stride(0), x2.stride(0), dx.stride(0), cdiv(M, bm), BLOCK_M=bm,
                                            BLOCK_N=bn, STAGES=stages, num_warps=warps)
     else:
         partial.zero_()

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from labkit.device import current
-from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, Launcher, builds_graph, check_same_device,
+from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, Launcher, builds_graph, cdiv, check_same_device,
                                     check_same_dtype, check_tensor, num_sms)
 
 try:  # Triton >= 3.4: host-side TMA descriptors (the interpreter runs them too)
@@ -187,7 +187,7 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty((C, R), dtype=x.dtype, device=x.device)
     if R and C:
         br, bc = TRANSPOSE_TILE
-        transpose_kernel[(triton.cdiv(R, br) * triton.cdiv(C, bc),)](
+        transpose_kernel[(cdiv(R, br) * cdiv(C, bc),)](
             x, y, R, C, x.stride(0), x.stride(1), BLOCK_R=br, BLOCK_C=bc, num_warps=1 if INTERPRETED else 4)
     return y
 
@@ -272,7 +272,7 @@ def _plan(a: torch.Tensor, b: torch.Tensor, precision: str) -> Plan:
     size = 2048 if n < 2896 else 4096 if n < 5793 else 8192  # 2896, 5793: the geometric midpoints
     bm, bn, bk, stages, warps, group, persistent, flatten = (
         INTERPRETER_TMA_CONFIG if INTERPRETED else TMA_CONFIGS[(16 if elem == 2 else 32, size)])
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    tiles = cdiv(M, bm) * cdiv(N, bn)
     sms = num_sms(a.device)
     meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group,
             "NUM_PROGS": sms if persistent else ONE_TILE, "B_KMAJOR": b_kmajor, "INPUT_PRECISION": precision,
@@ -375,7 +375,7 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _grid(M: int, N: int):
-    return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    return lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)
 
 
 # ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)

@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, arrive, builds_graph, check_tensor, next_pow2, num_sms,
-                                    row_tile, rows_2d, split_exchange, split_ticket, wait_for)
+from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, arrive, builds_graph, cdiv, check_tensor, next_pow2,
+                                    num_sms, row_tile, rows_2d, split_exchange, split_ticket, wait_for)
 
 # Longest row kept whole in registers (one read, one write); longer rows are split across programs.
 MAX_FUSED_COLS = {torch.float32: 16384, torch.float16: 32768, torch.bfloat16: 32768}
@@ -30,9 +30,11 @@ ONLINE_BLOCK, ONLINE_WARPS, ONLINE_PROGRAMS_PER_SM = 8192, 16, 4
 SPLIT_CHUNK = 8192
 SPLIT_WARPS = 4
 # Split rows on Hopper (labkit/cuda/softmax_cluster.cu): each block of a cluster holds CLUSTER_THREADS x
-# CLUSTER_VECS 16-byte vectors of its row in registers (64 KB); a row takes 2 to MAX_CLUSTER blocks. Swept on
-# an H200 at 1024x65536, 256x131072 and 256x65536 (fp32 and bf16) against 128-1024 threads and 4-16 vectors.
-CLUSTER_THREADS, CLUSTER_VECS, MAX_CLUSTER = 512, 8, 16
+# CLUSTER_VECS 16-byte vectors of its row in registers (64 KB); a row takes 2 to MAX_CLUSTER blocks. When that
+# gives fewer than CLUSTER_MIN_BLOCKS_PER_SM blocks per SM, blocks of half as many threads (more, smaller
+# blocks: 2-3 points better at 256 rows). Swept on an H200 at 1024x65536, 256x131072 and 256x65536 (fp32, bf16)
+# against 128-1024 threads and 4-16 vectors.
+CLUSTER_THREADS, CLUSTER_VECS, MAX_CLUSTER, CLUSTER_MIN_BLOCKS_PER_SM = 512, 8, 16, 12
 
 
 def min_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
@@ -168,7 +170,7 @@ def use_split(M: int, N: int, dtype: torch.dtype, device: torch.device) -> bool:
 def _softmax_split(x2: torch.Tensor, y: torch.Tensor) -> None:
     M, N = x2.shape
     chunk = min(SPLIT_CHUNK, next_pow2(N))
-    splits = triton.cdiv(N, chunk)
+    splits = cdiv(N, chunk)
     part, count = split_exchange(M, splits, x2.device)
     for stage in SPLIT_STAGES:
         softmax_split_kernel[(M * splits,)](x2, y, part, count, M, N, x2.stride(0), y.stride(0), splits, CHUNK=chunk,
@@ -176,11 +178,22 @@ def _softmax_split(x2: torch.Tensor, y: torch.Tensor) -> None:
                                             num_warps=1 if INTERPRETED else SPLIT_WARPS)
 
 
-def cluster_size(N: int, dtype: torch.dtype) -> int | None:
+def cluster_size(N: int, dtype: torch.dtype, threads: int | None = None) -> int | None:
     """Blocks per row cluster for rows of N elements (a power of two, 2..MAX_CLUSTER), None if too long."""
-    block_cols = CLUSTER_THREADS * CLUSTER_VECS * 16 // (torch.finfo(dtype).bits // 8)
-    blocks = max(2, next_pow2(triton.cdiv(N, block_cols)))
+    block_cols = (threads or CLUSTER_THREADS) * CLUSTER_VECS * 16 // (torch.finfo(dtype).bits // 8)
+    blocks = max(2, next_pow2(cdiv(N, block_cols)))
     return blocks if blocks <= MAX_CLUSTER else None
+
+
+def cluster_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int] | None:
+    """(threads per block, blocks per cluster) for M rows of N elements, None if the rows are too long."""
+    cluster = cluster_size(N, dtype)
+    if cluster is None:
+        return None
+    small = cluster_size(N, dtype, CLUSTER_THREADS // 2)
+    if M * cluster < CLUSTER_MIN_BLOCKS_PER_SM * num_sms(device) and small is not None:
+        return CLUSTER_THREADS // 2, small
+    return CLUSTER_THREADS, cluster
 
 
 def _softmax_cluster(x2: torch.Tensor, y: torch.Tensor) -> bool:
@@ -188,18 +201,25 @@ def _softmax_cluster(x2: torch.Tensor, y: torch.Tensor) -> bool:
     Hopper GPU, rows not in whole 16-byte vectors (width, stride, start), rows too long, or no NVRTC."""
     M, N = x2.shape
     size = x2.element_size()
-    cluster = cluster_size(N, x2.dtype)
-    if (INTERPRETED or cluster is None or torch.cuda.get_device_capability(x2.device) < (9, 0)
-            or (N * size) % 16 or (x2.stride(0) * size) % 16 or x2.data_ptr() % 16 or y.data_ptr() % 16
-            or M * cluster >= 2**31 or x2.stride(0) * size >= 2**35):
+    if (INTERPRETED or (N * size) % 16 or (x2.stride(0) * size) % 16 or x2.data_ptr() % 16 or y.data_ptr() % 16
+            or x2.stride(0) * size >= 2**35):
         return False
     index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
-    kernel = _cluster_kernel(x2.dtype, cluster, index, CLUSTER_THREADS, CLUSTER_VECS)
+    launch = cluster_launch(M, N, x2.dtype, x2.device)
+    if launch is None or M * launch[1] >= 2**31 or not _has_clusters(index):
+        return False
+    threads, cluster = launch
+    kernel = _cluster_kernel(x2.dtype, cluster, index, threads, CLUSTER_VECS)
     if kernel is None:
         return False
     per_vec = 16 // size  # elements per 16-byte vector; y is contiguous
-    kernel(M * cluster, CLUSTER_THREADS, x2, y, N // per_vec, x2.stride(0) // per_vec, N // per_vec)
+    kernel(M * cluster, threads, x2, y, N // per_vec, x2.stride(0) // per_vec, N // per_vec)
     return True
+
+
+@functools.lru_cache(maxsize=None)
+def _has_clusters(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)  # Hopper or newer
 
 
 @functools.lru_cache(maxsize=None)
@@ -241,7 +261,7 @@ def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = N
     if not online:
         # Tiles of at least 1024 (fp32) / 2048 (16-bit) elements, 16 values per thread.
         bm, bn, warps = row_tile(N, 1024 if x.dtype == torch.float32 else 2048, 16)
-        softmax_kernel[(triton.cdiv(M, bm),)](x2, y, M, N, x2.stride(0), y.stride(0),
+        softmax_kernel[(cdiv(M, bm),)](x2, y, M, N, x2.stride(0), y.stride(0),
                                               BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
     else:
         block = min(ONLINE_BLOCK, next_pow2(N))

@@ -9,8 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, builds_graph, check_same_device, check_same_dtype,
-                                    check_tensor)
+from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, builds_graph, cdiv, check_same_device,
+                                    check_same_dtype, check_tensor)
 
 
 def min_bytes(n: int, dtype: torch.dtype = torch.float32) -> int:
@@ -82,7 +82,7 @@ def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     z = torch.empty_like(x)
     # BLOCK elements per program and NUM_WARPS warps (1024 and 4: 128 threads, each adding 8 pairs,
     # loaded in 16-byte pieces for fp32); cdiv(n, BLOCK) programs cover the whole array.
-    vector_add_kernel[(triton.cdiv(n, BLOCK),)](x, y, z, n, BLOCK=BLOCK, num_warps=1 if INTERPRETED else NUM_WARPS)
+    vector_add_kernel[(cdiv(n, BLOCK),)](x, y, z, n, BLOCK=BLOCK, num_warps=1 if INTERPRETED else NUM_WARPS)
     return z
 
 
