@@ -34,15 +34,22 @@ def test_cu_file_compiles(source, tmp_path):
         assert "sm_90" in listing and "sm_75" in listing, listing
 
 
+RTC_BUILDS = [("softmax_cluster.cu", {"CLUSTER": 2, "THREADS": 512, "VECS": 8}),
+              ("softmax_cluster.cu", {"CLUSTER": 16, "THREADS": 256, "VECS": 8}),
+              ("layer_norm_bwd_cluster.cu", {"CLUSTER": 8, "THREADS": 256, "VECS": 2, "PREFETCH": 0}),
+              ("layer_norm_bwd_cluster.cu", {"CLUSTER": 2, "THREADS": 512, "VECS": 2, "PREFETCH": 1})]
+
+
 @needs_nvcc
 @pytest.mark.parametrize("elem", [0, 1, 2], ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("cluster, threads", [(2, 512), (16, 512), (16, 256)])
-def test_softmax_cluster_compiles_for_hopper(elem, cluster, threads, tmp_path):
-    """The run-time (NVRTC) kernel, with the defines labkit.kernels.softmax passes, compiles for Hopper
-    without warnings or register spills (the kernel keeps its chunk of a row in registers)."""
+@pytest.mark.parametrize("source, defines", RTC_BUILDS, ids=lambda v: v if isinstance(v, str) else
+                         "-".join(f"{k}{n}" for k, n in v.items()))
+def test_cluster_kernels_compile_for_hopper(source, defines, elem, tmp_path):
+    """The run-time (NVRTC) kernels, with defines labkit's kernels pass, compile for Hopper without warnings
+    or register spills (they keep their chunks of rows in registers)."""
     cmd = [NVCC, "-c", "-O3", "-std=c++17", "--Werror", "all-warnings", "-gencode", TARGETS[0], "-Xptxas", "-v",
-           f"-DELEM={elem}", f"-DCLUSTER={cluster}", f"-DTHREADS={threads}", "-DVECS=8",
-           str(cuda.SOURCE_DIR / "softmax_cluster.cu"), "-o", str(tmp_path / "k.o")]
+           "-I", str(cuda.SOURCE_DIR), f"-DELEM={elem}", *(f"-D{k}={v}" for k, v in defines.items()),
+           str(cuda.SOURCE_DIR / source), "-o", str(tmp_path / "k.o")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(cmd)}\nfailed:\n{done.stderr}{done.stdout}"
     assert "0 bytes spill stores" in done.stdout + done.stderr, done.stdout + done.stderr

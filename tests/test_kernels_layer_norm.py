@@ -143,6 +143,7 @@ def test_split_rows_backward(dtype, poison_outputs, close64, monkeypatch):
     # Backward rows split across programs (by default only rows wider than 8192): chunks of 64 columns, so a
     # row of 255 gives four chunks, the last one short; two row groups walk 37 strided rows; dy is strided.
     mod = kernels.modules()["layer_norm"]
+    monkeypatch.setattr(mod, "_backward_cluster", lambda *a: None)  # the Triton split, on a Hopper GPU too
     monkeypatch.setattr(mod, "BWD_SPLIT", (1, 64, 4, 2))
     monkeypatch.setattr(mod, "num_sms", lambda device: 4)  # two row groups on a GPU too
     assert mod._split_plan(37, 255, torch.device(DEV))[1:3] == (4, 2)
@@ -157,6 +158,7 @@ def test_split_rows_backward(dtype, poison_outputs, close64, monkeypatch):
 
 def test_split_rows_one_row_and_a_group_per_row(poison_outputs, close64, monkeypatch):
     mod = kernels.modules()["layer_norm"]
+    monkeypatch.setattr(mod, "_backward_cluster", lambda *a: None)
     monkeypatch.setattr(mod, "BWD_SPLIT", (1, 32, 4, 8))
     for rows in (1, 3):
         assert mod._split_plan(rows, 100, torch.device(DEV))[2] == rows
@@ -183,3 +185,31 @@ def test_wide_rows_at_full_size_on_gpu(rows, cols, dtype, close64):
     x, w, b, dy = (randn(rows, cols) * 2 + 1).to(dtype), randn(cols, dtype=dtype), randn(cols, dtype=dtype), \
         randn(rows, cols, dtype=dtype)
     check_kernels(x, w, b, dy, close64, sums_scale=20)
+
+
+HOPPER = DEV.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
+
+
+@pytest.mark.skipif(not HOPPER, reason="thread-block clusters need a Hopper (sm_90) GPU or newer")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cluster_backward_matches_float64(dtype, poison_outputs, close64, monkeypatch):
+    # Rows wider than 8192 on Hopper: the cluster kernel at full size, at widths that leave a cluster's last
+    # block short, with fewer rows than clusters and with many rows to each cluster; rows strided.
+    mod = kernels.modules()["layer_norm"]
+    real, took = mod._backward_cluster, []
+    monkeypatch.setattr(mod, "_backward_cluster", lambda *a: took.append(real(*a)) or took[-1])
+    for rows, cols in [(4096, 16384), (3, 10000), (2000, 8200), (7, 16384)]:
+        x = (randn(rows, cols + 8) * 2 + 1).to(dtype)[:, 8:]  # rows start 16-byte aligned
+        w, b, dy = randn(cols, dtype=dtype), randn(cols, dtype=dtype), randn(rows, cols, dtype=dtype)
+        check_kernels(x, w, b, dy, close64, sums_scale=20)
+    assert len(took) == 4 and all(t is not None for t in took), "the Triton split ran instead"
+
+
+@pytest.mark.skipif(not HOPPER, reason="thread-block clusters need a Hopper (sm_90) GPU or newer")
+def test_cluster_backward_leaves_unaligned_rows_to_triton(poison_outputs, close64):
+    mod = kernels.modules()["layer_norm"]
+    for x in [randn(5, 10001), randn(5, 10008)[:, 1:10001]]:  # odd width; a start 4 bytes off
+        dx = torch.empty_like(x)
+        assert mod._backward_cluster(x, x, randn(x.shape[1]), torch.zeros(5, device=DEV), torch.ones(5, device=DEV),
+                                     dx) is None
+        check_kernels(x, randn(x.shape[1]), randn(x.shape[1]), randn(*x.shape), close64, sums_scale=20)

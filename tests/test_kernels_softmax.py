@@ -112,33 +112,6 @@ def test_cluster_launch_takes_smaller_blocks_for_few_rows(monkeypatch):
     assert cluster_launch(4, 16 * 16384 + 4, fp32, cpu) is None
 
 
-def test_cluster_kernel_falls_back_with_a_warning(monkeypatch):
-    # Where NVRTC or clusters are missing, long rows take the Triton split kernel, and the student is told why.
-    from labkit.cuda import rtc
-    mod = kernels.modules()["softmax"]
-
-    def no_nvrtc(*args, **kwargs):
-        raise RuntimeError("no NVRTC here")
-    monkeypatch.setattr(rtc, "compile_kernel", no_nvrtc)
-    mod._cluster_kernel.cache_clear()
-    try:
-        with pytest.warns(RuntimeWarning, match="Triton split kernel.*no NVRTC here"):
-            assert mod._cluster_kernel(torch.float32, 4, 0, 512, 8) is None
-    finally:
-        mod._cluster_kernel.cache_clear()
-    if DEV.type == "cpu":  # the interpreter never asks for it
-        assert not mod._softmax_cluster(randn(2, 64), torch.empty(2, 64))
-
-
-def test_nvrtc_helper_says_what_is_missing(monkeypatch):
-    from labkit.cuda import rtc
-    monkeypatch.delattr(torch.cuda, "_compile_kernel", raising=False)
-    rtc.compile_kernel.cache_clear()
-    with pytest.raises(RuntimeError, match="no torch.cuda._compile_kernel.*2.8 or later"):
-        rtc.compile_kernel("softmax_cluster.cu", "softmax_cluster", 0, ELEM=0, CLUSTER=2, THREADS=32, VECS=1)
-    rtc.compile_kernel.cache_clear()
-
-
 HOPPER = DEV.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import warnings
 from pathlib import Path
 
 import torch
@@ -15,6 +16,7 @@ import torch
 SOURCE_DIR = Path(__file__).resolve().parent
 # CUfunction_attribute CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: clusters of more than 8 blocks.
 _NON_PORTABLE_CLUSTER = 14
+ELEM = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the element types of cluster.cuh (-D ELEM=...)
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,8 +59,8 @@ def _current_stream(device_index: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def compile_kernel(file: str, name: str, device_index: int, **defines: int) -> Kernel:
-    """The kernel `name` of labkit/cuda/`file` compiled with `-D key=value` for each of `defines`, loaded
-    on GPU `device_index`."""
+    """The kernel `name` of labkit/cuda/`file` (which may include labkit/cuda's headers) compiled with
+    `-D key=value` for each of `defines`, loaded on GPU `device_index`."""
     compile_ = getattr(torch.cuda, "_compile_kernel", None)
     if compile_ is None:
         raise RuntimeError(f"PyTorch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC): "
@@ -66,7 +68,7 @@ def compile_kernel(file: str, name: str, device_index: int, **defines: int) -> K
     from torch.cuda._utils import _check_cuda
 
     with torch.cuda.device(device_index):
-        kernel = compile_((SOURCE_DIR / file).read_text(), name,
+        kernel = compile_((SOURCE_DIR / file).read_text(), name, cuda_include_dirs=[str(SOURCE_DIR)],
                           nvcc_options=[f"-D{k}={v}" for k, v in defines.items()])
         if defines.get("CLUSTER", 0) > 8:
             _check_cuda(_driver().cuFuncSetAttribute(kernel.func, _NON_PORTABLE_CLUSTER, 1))
@@ -87,3 +89,27 @@ def max_active_clusters(kernel: Kernel, cluster: int, threads: int, shared_mem: 
     count = ctypes.c_int()
     _check_cuda(_driver().cuOccupancyMaxActiveClusters(ctypes.byref(count), kernel.func, ctypes.byref(config)))
     return count.value
+
+
+@functools.lru_cache(maxsize=None)
+def has_clusters(device_index: int) -> bool:
+    """Whether GPU `device_index` runs thread-block clusters (Hopper, sm_90, or newer)."""
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def cluster_kernel(op: str, file: str, name: str, device_index: int, **defines: int) -> tuple[Kernel, int] | None:
+    """(kernel, clusters the GPU holds at once) for a kernel whose defines include CLUSTER and THREADS; None,
+    with a warning (once) naming `op`, where it cannot be compiled or launched here."""
+    try:
+        kernel = compile_kernel(file, name, device_index, **defines)
+        with torch.cuda.device(device_index):
+            resident = max_active_clusters(kernel, defines["CLUSTER"], defines["THREADS"])
+        if resident < 1:
+            raise RuntimeError(f"a cluster of {defines['CLUSTER']} blocks of {defines['THREADS']} threads does not "
+                               "fit on this GPU")
+    except Exception as exc:  # no NVRTC library, a driver without clusters...
+        warnings.warn(f"{op}: long rows take the Triton kernel (slower) because the cluster kernel cannot run "
+                      f"here: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=4)
+        return None
+    return kernel, resident

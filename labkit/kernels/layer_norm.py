@@ -10,7 +10,9 @@ The structure follows Triton's layer-norm tutorial: the backward writes partial 
 dweight and dbias (one row per program), then adds those partial rows up. The backward's loop over
 row tiles, and the forward's for rows wider than 8192, are pipelined by Triton (tl.range's
 num_stages): the next rows load while this one reduces. Backward rows wider than 8192 are split
-across programs (see layer_norm_bwd_split_kernel).
+across programs (see layer_norm_bwd_split_kernel); on Hopper GPUs across the blocks of a thread-block
+cluster instead (labkit/cuda/layer_norm_bwd_cluster.cu, see _backward_cluster), whose blocks exchange
+their row sums through distributed shared memory, which Triton cannot reach.
 """
 from __future__ import annotations
 
@@ -202,6 +204,9 @@ BWD_STAGES = 3
 # BWD_SPLIT[1] columns on BWD_SPLIT[2] warps, BWD_SPLIT[3] programs per SM. At 16384 columns the whole-row
 # kernel's two row-wide accumulators fill its registers: even pipelined it took 1.1x (bf16) the split's time.
 BWD_SPLIT = (8193, 4096, 4, 2)
+# Those rows on Hopper (labkit/cuda/layer_norm_bwd_cluster.cu): (threads, 16-byte vectors per thread, blocks
+# per SM, prefetch the next row) by dtype; swept on an H200 at 4096x16384 (fp16 takes bf16's, not timed).
+BWD_CLUSTER = {torch.float32: (256, 2, 3, 0), torch.float16: (512, 2, 1, 1), torch.bfloat16: (512, 2, 1, 1)}
 
 
 def _fwd_plan(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, int]:
@@ -257,27 +262,57 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     M, N = x2.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     plan = _split_plan(M, N, x.device)
-    if plan:
-        programs = plan[2]
-    else:
-        programs, bm, bn, warps, stages = _bwd_plan(M, N, x.dtype, x.device)
-    partial = torch.empty((2, programs, N), dtype=torch.float32, device=x.device)
-    if x2.numel() and plan:
+    partial = _backward_cluster(dy2, x2, weight, mean, rstd, dx) if plan and x2.numel() else None
+    if partial is None and plan:
         chunk, splits, groups, split_warps = plan
+        partial = torch.empty((2, groups, N), dtype=torch.float32, device=x.device)
         exchange, count = split_exchange(M, splits, x.device)
-        for stage in SPLIT_STAGES:
+        for stage in SPLIT_STAGES if x2.numel() else ():
             layer_norm_bwd_split_kernel[(groups * splits,)](
                 exchange, count, M, splits, groups, dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], N,
                 dy2.stride(0), x2.stride(0), dx.stride(0), CHUNK=chunk, SPLITS_P2=next_pow2(splits), STAGE=stage,
                 num_warps=split_warps)
-    elif x2.numel():
-        layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
-                                           dy2.stride(0), x2.stride(0), dx.stride(0), cdiv(M, bm), BLOCK_M=bm,
-                                           BLOCK_N=bn, STAGES=stages, num_warps=warps)
-    else:
+    elif partial is None:
+        programs, bm, bn, warps, stages = _bwd_plan(M, N, x.dtype, x.device)
+        partial = torch.empty((2, programs, N), dtype=torch.float32, device=x.device)
+        if x2.numel():
+            layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
+                                               dy2.stride(0), x2.stride(0), dx.stride(0), cdiv(M, bm), BLOCK_M=bm,
+                                               BLOCK_N=bn, STAGES=stages, num_warps=warps)
+    if not x2.numel():
         partial.zero_()
     dw, db = sum_partials(partial, weight.dtype)
     return dx.view(x.shape), dw, db
+
+
+def _backward_cluster(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
+                      rstd: torch.Tensor, dx: torch.Tensor) -> torch.Tensor | None:
+    """dx written by the cluster kernel, and its fp32 (2, clusters, N) partial sums of dweight and dbias; None
+    (nothing done) where it cannot run: not a Hopper GPU, rows not in whole 16-byte vectors, or no NVRTC."""
+    M, N = x2.shape
+    size = x2.element_size()
+    if (INTERPRETED or (N * size) % 16 or weight.data_ptr() % 16
+            or any((t.stride(0) * size) % 16 or t.data_ptr() % 16 or t.stride(0) * size >= 2**35 for t in (dy2, x2))):
+        return None
+    from labkit.cuda import rtc
+
+    index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    threads, vecs, per_sm, prefetch = BWD_CLUSTER[x2.dtype]
+    per_vec = 16 // size  # elements per 16-byte vector
+    cluster = next_pow2(cdiv(N, threads * vecs * per_vec))
+    if cluster > 16 or not rtc.has_clusters(index):
+        return None
+    compiled = rtc.cluster_kernel("layer_norm backward", "layer_norm_bwd_cluster.cu", "layer_norm_bwd_cluster",
+                                  index, CLUSTER=cluster, THREADS=threads, VECS=vecs, PREFETCH=prefetch,
+                                  ELEM=rtc.ELEM[x2.dtype])
+    if compiled is None:
+        return None
+    kernel, resident = compiled
+    clusters = max(1, min(M, per_sm * num_sms(x2.device) // cluster, resident))
+    partial = torch.empty((2, clusters, N), dtype=torch.float32, device=x2.device)
+    kernel(clusters * cluster, threads, dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N, N // per_vec,
+           dy2.stride(0) // per_vec, x2.stride(0) // per_vec, dx.stride(0) // per_vec)
+    return partial
 
 
 class LayerNorm(torch.autograd.Function):

@@ -10,9 +10,7 @@ reach. The streaming kernel (two reads of each row) is kept for teaching and tes
 """
 from __future__ import annotations
 
-import functools
 import math
-import warnings
 
 import torch
 import triton
@@ -204,41 +202,20 @@ def _softmax_cluster(x2: torch.Tensor, y: torch.Tensor) -> bool:
     if (INTERPRETED or (N * size) % 16 or (x2.stride(0) * size) % 16 or x2.data_ptr() % 16 or y.data_ptr() % 16
             or x2.stride(0) * size >= 2**35):
         return False
-    index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
-    launch = cluster_launch(M, N, x2.dtype, x2.device)
-    if launch is None or M * launch[1] >= 2**31 or not _has_clusters(index):
-        return False
-    threads, cluster = launch
-    kernel = _cluster_kernel(x2.dtype, cluster, index, threads, CLUSTER_VECS)
-    if kernel is None:
-        return False
-    per_vec = 16 // size  # elements per 16-byte vector; y is contiguous
-    kernel(M * cluster, threads, x2, y, N // per_vec, x2.stride(0) // per_vec, N // per_vec)
-    return True
-
-
-@functools.lru_cache(maxsize=None)
-def _has_clusters(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (9, 0)  # Hopper or newer
-
-
-@functools.lru_cache(maxsize=None)
-def _cluster_kernel(dtype: torch.dtype, cluster: int, device_index: int, threads: int, vecs: int):
-    """The cluster kernel compiled for this dtype and cluster size, or None with a warning (once)."""
     from labkit.cuda import rtc
 
-    try:
-        kernel = rtc.compile_kernel("softmax_cluster.cu", "softmax_cluster", device_index,
-                                    ELEM=(torch.float32, torch.bfloat16, torch.float16).index(dtype),
-                                    CLUSTER=cluster, THREADS=threads, VECS=vecs)
-        with torch.cuda.device(device_index):
-            if rtc.max_active_clusters(kernel, cluster, threads) < 1:
-                raise RuntimeError(f"a cluster of {cluster} blocks of {threads} threads does not fit on this GPU")
-    except Exception as exc:  # no NVRTC library, a driver without clusters...
-        warnings.warn(f"softmax: long rows take the Triton split kernel (slower) because the cluster kernel "
-                      f"cannot run here: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=4)
-        return None
-    return kernel
+    index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    launch = cluster_launch(M, N, x2.dtype, x2.device)
+    if launch is None or M * launch[1] >= 2**31 or not rtc.has_clusters(index):
+        return False
+    threads, cluster = launch
+    compiled = rtc.cluster_kernel("softmax", "softmax_cluster.cu", "softmax_cluster", index, CLUSTER=cluster,
+                                  THREADS=threads, VECS=CLUSTER_VECS, ELEM=rtc.ELEM[x2.dtype])
+    if compiled is None:
+        return False
+    per_vec = 16 // size  # elements per 16-byte vector; y is contiguous
+    compiled[0](M * cluster, threads, x2, y, N // per_vec, x2.stride(0) // per_vec, N // per_vec)
+    return True
 
 
 def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = None) -> torch.Tensor:
