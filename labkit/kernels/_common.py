@@ -143,7 +143,7 @@ def sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty((T, N), dtype=dtype, device=partial.device)
     block_n = 32 if INTERPRETED else 64
     sum_partials_kernel[(cdiv(N, block_n), T)](partial, out, P, N, BLOCK_P=32, BLOCK_N=block_n,
-                                                      num_warps=1 if INTERPRETED else 4)
+                                               num_warps=1 if INTERPRETED else 4)
     return out
 
 

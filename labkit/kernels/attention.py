@@ -312,7 +312,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
         if bm % bn:
             raise ValueError(f"attention: BLOCK_M ({bm}) must be a multiple of BLOCK_N ({bn}).")
         attn_fwd_kernel[(cdiv(N, bm), B * H)](*args, D=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
-                                                     num_warps=warps, num_stages=stages)
+                                              num_warps=warps, num_stages=stages)
     else:
         attn_fwd_autotuned[lambda meta: (cdiv(N, meta["BLOCK_M"]), B * H)](*args, D=D, CAUSAL=causal)
     return o, lse
@@ -335,13 +335,13 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     else:
         bm, bn, warps, stages = BWD_TILES[D]
     attn_bwd_delta_kernel[(cdiv(N, 64), B * H)](o, do, delta, *_strides(o), *_strides(do), H, N, D=D,
-                                                       BLOCK_M=64, num_warps=4 if not INTERPRETED else 1)
+                                                BLOCK_M=64, num_warps=4 if not INTERPRETED else 1)
     common = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), H, N, N_K, scale * LOG2E, scale)
     kw = dict(D=D, CAUSAL=causal, num_warps=warps, num_stages=stages)
     attn_bwd_dkdv_kernel[(cdiv(N_K, bn), B * H)](q, k, v, do, lse, delta, dk, dv, *common,
-                                                         BLOCK_M=bm, BLOCK_N=bn, **kw)
+                                                  BLOCK_M=bm, BLOCK_N=bn, **kw)
     attn_bwd_dq_kernel[(cdiv(N, bn), B * H)](q, k, v, do, lse, delta, dq, *common,
-                                                     BLOCK_M=bn, BLOCK_N=bm, **kw)
+                                              BLOCK_M=bn, BLOCK_N=bm, **kw)
     return dq, dk, dv
 
 

@@ -239,7 +239,7 @@ def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = N
         # Tiles of at least 1024 (fp32) / 2048 (16-bit) elements, 16 values per thread.
         bm, bn, warps = row_tile(N, 1024 if x.dtype == torch.float32 else 2048, 16)
         softmax_kernel[(cdiv(M, bm),)](x2, y, M, N, x2.stride(0), y.stride(0),
-                                              BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+                                       BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
     else:
         block = min(ONLINE_BLOCK, next_pow2(N))
         programs = min(M, ONLINE_PROGRAMS_PER_SM * num_sms(x.device))
