@@ -1,8 +1,9 @@
 """CUDA kernels compiled at run time with NVRTC, through PyTorch (no nvcc, no ninja, no build folder).
 
-For a kernel a Triton program cannot express (softmax_cluster.cu uses thread-block clusters). NVRTC ships
-with PyTorch's CUDA builds; where this PyTorch or GPU cannot compile or run a kernel, `compile_kernel` raises
-and callers take their Triton path instead.
+For kernels a Triton program cannot express: softmax_cluster.cu and layer_norm_bwd_cluster.cu share rows
+between the blocks of a Hopper thread-block cluster (helpers in cluster.cuh). NVRTC ships with PyTorch's CUDA
+builds; where this PyTorch or GPU cannot compile or run a kernel, `compile_kernel` raises, `cluster_kernel`
+warns once and returns None, and callers take their Triton path instead.
 """
 from __future__ import annotations
 

@@ -291,7 +291,7 @@ def _backward_cluster(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor,
     (nothing done) where it cannot run: not a Hopper GPU, rows not in whole 16-byte vectors, or no NVRTC."""
     M, N = x2.shape
     size = x2.element_size()
-    if (INTERPRETED or (N * size) % 16 or weight.data_ptr() % 16
+    if (INTERPRETED or (N * size) % 16 or weight.data_ptr() % 16 or not weight.is_contiguous()
             or any((t.stride(0) * size) % 16 or t.data_ptr() % 16 or t.stride(0) * size >= 2**35 for t in (dy2, x2))):
         return None
     from labkit.cuda import rtc
