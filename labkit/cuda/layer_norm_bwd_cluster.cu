@@ -26,6 +26,15 @@ __device__ __forceinline__ void load_row(const unsigned* x, const unsigned* dy, 
     }
 }
 
+__device__ __forceinline__ void xhat_and_dy(const unsigned xw[4], const unsigned dyw[4], float mu, float rs,
+                                            float xhat[EPV], float g[EPV]) {
+    // One 16-byte vector of x and of dy as floats: xhat = (x - mean) * rstd, and dy.
+    unpack(xw, xhat);
+    unpack(dyw, g);
+#pragma unroll
+    for (int k = 0; k < EPV; ++k) xhat[k] = (xhat[k] - mu) * rs;
+}
+
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
 layer_norm_bwd_cluster(const unsigned* __restrict__ dy,   // rows of dy, as 32-bit words (16-byte aligned)
                        const unsigned* __restrict__ x,    // rows of x, same dtype
@@ -77,11 +86,10 @@ layer_norm_bwd_cluster(const unsigned* __restrict__ dy,   // rows of dy, as 32-b
 #pragma unroll
         for (int i = 0; i < VECS; ++i) {
             if (first + i * THREADS < n_vec) {
-                unpack(xw[i], f);
-                unpack(dyw[i], g);
+                xhat_and_dy(xw[i], dyw[i], mu, rs, f, g);
                 for (int k = 0; k < EPV; ++k) {
-                    const float xhat = (f[k] - mu) * rs, gw = g[k] * wf[i][k];
-                    a = fmaf(gw, xhat, a);
+                    const float gw = g[k] * wf[i][k];
+                    a = fmaf(gw, f[k], a);
                     b += gw;
                 }
             }
@@ -112,13 +120,11 @@ layer_norm_bwd_cluster(const unsigned* __restrict__ dy,   // rows of dy, as 32-b
 #pragma unroll
         for (int i = 0; i < VECS; ++i) {
             if (first + i * THREADS < n_vec) {
-                unpack(xw[i], f);
-                unpack(dyw[i], g);
+                xhat_and_dy(xw[i], dyw[i], mu, rs, f, g);
                 for (int k = 0; k < EPV; ++k) {
-                    const float xhat = (f[k] - mu) * rs;
-                    dw[i][k] = fmaf(g[k], xhat, dw[i][k]);
+                    dw[i][k] = fmaf(g[k], f[k], dw[i][k]);
                     db[i][k] += g[k];
-                    f[k] = rs * (g[k] * wf[i][k] - fmaf(xhat, a, b));
+                    f[k] = rs * (g[k] * wf[i][k] - fmaf(f[k], a, b));  // dx, over xhat
                 }
                 pack(f, xw[i]);
                 store16(dxr + 4 * (first + i * THREADS), xw[i]);

@@ -81,12 +81,11 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
                 ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
 
 
-def max_active_clusters(kernel: Kernel, cluster: int, threads: int, shared_mem: int = 0) -> int:
+def max_active_clusters(kernel: Kernel, cluster: int, threads: int) -> int:
     """How many clusters of `kernel` (its cluster size set at compile time) the GPU holds at once."""
     from torch.cuda._utils import _check_cuda
 
-    config = _LaunchConfig((ctypes.c_uint * 3)(cluster, 1, 1), (ctypes.c_uint * 3)(threads, 1, 1), shared_mem,
-                           None, None, 0)
+    config = _LaunchConfig((ctypes.c_uint * 3)(cluster, 1, 1), (ctypes.c_uint * 3)(threads, 1, 1), 0, None, None, 0)
     count = ctypes.c_int()
     _check_cuda(_driver().cuOccupancyMaxActiveClusters(ctypes.byref(count), kernel.func, ctypes.byref(config)))
     return count.value
@@ -96,6 +95,21 @@ def max_active_clusters(kernel: Kernel, cluster: int, threads: int, shared_mem: 
 def has_clusters(device_index: int) -> bool:
     """Whether GPU `device_index` runs thread-block clusters (Hopper, sm_90, or newer)."""
     return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def cluster_device(*rows: torch.Tensor) -> int | None:
+    """The index of the GPU holding `rows` (2-D tensors) where a cluster kernel can take them: a GPU with
+    clusters, every row in whole 16-byte vectors (width, stride and start) and its stride in 32-bit vector
+    counts; else None."""
+    if rows[0].device.type != "cuda":
+        return None
+    for t in rows:
+        size = t.element_size()
+        if (t.stride(-1) != 1 or (t.shape[-1] * size) % 16 or (t.stride(0) * size) % 16 or t.data_ptr() % 16
+                or t.stride(0) * size >= 2**35):
+            return None
+    index = rows[0].device.index if rows[0].device.index is not None else torch.cuda.current_device()
+    return index if has_clusters(index) else None
 
 
 @functools.lru_cache(maxsize=None)

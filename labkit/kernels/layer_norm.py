@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from labkit.cuda import rtc
 from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, arrive, cdiv, check_same_device, check_same_dtype,
                                     check_tensor, next_pow2, num_sms, pipeline_stages, row_tile, rows_2d,
                                     split_exchange, split_ticket, sum_partials, wait_for)
@@ -261,13 +262,16 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     x2, dy2 = rows_2d(x), rows_2d(dy)
     M, N = x2.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if not x2.numel():  # no rows (or no columns): nothing to add up
+        dw, db = torch.zeros((2, N), dtype=weight.dtype, device=x.device)
+        return dx.view(x.shape), dw, db
     plan = _split_plan(M, N, x.device)
-    partial = _backward_cluster(dy2, x2, weight, mean, rstd, dx) if plan and x2.numel() else None
+    partial = _backward_cluster(dy2, x2, weight, mean, rstd, dx) if plan else None
     if partial is None and plan:
         chunk, splits, groups, split_warps = plan
         partial = torch.empty((2, groups, N), dtype=torch.float32, device=x.device)
         exchange, count = split_exchange(M, splits, x.device)
-        for stage in SPLIT_STAGES if x2.numel() else ():
+        for stage in SPLIT_STAGES:
             layer_norm_bwd_split_kernel[(groups * splits,)](
                 exchange, count, M, splits, groups, dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], N,
                 dy2.stride(0), x2.stride(0), dx.stride(0), CHUNK=chunk, SPLITS_P2=next_pow2(splits), STAGE=stage,
@@ -275,12 +279,9 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     elif partial is None:
         programs, bm, bn, warps, stages = _bwd_plan(M, N, x.dtype, x.device)
         partial = torch.empty((2, programs, N), dtype=torch.float32, device=x.device)
-        if x2.numel():
-            layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
-                                               dy2.stride(0), x2.stride(0), dx.stride(0), cdiv(M, bm), BLOCK_M=bm,
-                                               BLOCK_N=bn, STAGES=stages, num_warps=warps)
-    if not x2.numel():
-        partial.zero_()
+        layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
+                                           dy2.stride(0), x2.stride(0), dx.stride(0), cdiv(M, bm), BLOCK_M=bm,
+                                           BLOCK_N=bn, STAGES=stages, num_warps=warps)
     dw, db = sum_partials(partial, weight.dtype)
     return dx.view(x.shape), dw, db
 
@@ -290,17 +291,11 @@ def _backward_cluster(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor,
     """dx written by the cluster kernel, and its fp32 (2, clusters, N) partial sums of dweight and dbias; None
     (nothing done) where it cannot run: not a Hopper GPU, rows not in whole 16-byte vectors, or no NVRTC."""
     M, N = x2.shape
-    size = x2.element_size()
-    if (INTERPRETED or (N * size) % 16 or weight.data_ptr() % 16 or not weight.is_contiguous()
-            or any((t.stride(0) * size) % 16 or t.data_ptr() % 16 or t.stride(0) * size >= 2**35 for t in (dy2, x2))):
-        return None
-    from labkit.cuda import rtc
-
-    index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    index = rtc.cluster_device(dy2, x2, dx, weight.view(1, -1))  # weight read as one row
     threads, vecs, per_sm, prefetch = BWD_CLUSTER[x2.dtype]
-    per_vec = 16 // size  # elements per 16-byte vector
+    per_vec = 16 // x2.element_size()  # elements per 16-byte vector
     cluster = next_pow2(cdiv(N, threads * vecs * per_vec))
-    if cluster > 16 or not rtc.has_clusters(index):
+    if index is None or cluster > 16:
         return None
     compiled = rtc.cluster_kernel("layer_norm backward", "layer_norm_bwd_cluster.cu", "layer_norm_bwd_cluster",
                                   index, CLUSTER=cluster, THREADS=threads, VECS=vecs, PREFETCH=prefetch,

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from labkit.cuda import rtc
 from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, arrive, builds_graph, cdiv, check_tensor, next_pow2,
                                     num_sms, row_tile, rows_2d, split_exchange, split_ticket, wait_for)
 
@@ -198,22 +199,16 @@ def _softmax_cluster(x2: torch.Tensor, y: torch.Tensor) -> bool:
     """Softmax of x2's rows into y by the cluster kernel; False (nothing done) where it cannot run: not a
     Hopper GPU, rows not in whole 16-byte vectors (width, stride, start), rows too long, or no NVRTC."""
     M, N = x2.shape
-    size = x2.element_size()
-    if (INTERPRETED or (N * size) % 16 or (x2.stride(0) * size) % 16 or x2.data_ptr() % 16 or y.data_ptr() % 16
-            or x2.stride(0) * size >= 2**35):
-        return False
-    from labkit.cuda import rtc
-
-    index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
-    launch = cluster_launch(M, N, x2.dtype, x2.device)
-    if launch is None or M * launch[1] >= 2**31 or not rtc.has_clusters(index):
+    index = rtc.cluster_device(x2, y)
+    launch = cluster_launch(M, N, x2.dtype, x2.device) if index is not None else None
+    if launch is None or M * launch[1] >= 2**31:
         return False
     threads, cluster = launch
     compiled = rtc.cluster_kernel("softmax", "softmax_cluster.cu", "softmax_cluster", index, CLUSTER=cluster,
                                   THREADS=threads, VECS=CLUSTER_VECS, ELEM=rtc.ELEM[x2.dtype])
     if compiled is None:
         return False
-    per_vec = 16 // size  # elements per 16-byte vector; y is contiguous
+    per_vec = 16 // x2.element_size()  # elements per 16-byte vector; y is contiguous
     compiled[0](M * cluster, threads, x2, y, N // per_vec, x2.stride(0) // per_vec, N // per_vec)
     return True
 
