@@ -36,8 +36,8 @@ def test_cu_file_compiles(source, tmp_path):
 
 RTC_BUILDS = [("softmax_cluster.cu", {"CLUSTER": 2, "THREADS": 512, "VECS": 8}),
               ("softmax_cluster.cu", {"CLUSTER": 16, "THREADS": 256, "VECS": 8}),
-              ("layer_norm_bwd_cluster.cu", {"CLUSTER": 8, "THREADS": 256, "VECS": 2, "PREFETCH": 0}),
-              ("layer_norm_bwd_cluster.cu", {"CLUSTER": 2, "THREADS": 512, "VECS": 2, "PREFETCH": 1})]
+              ("layer_norm_bwd_cluster.cu", {"CLUSTER": 4, "THREADS": 256, "VECS": 4, "STAGES": 4}),
+              ("layer_norm_bwd_cluster.cu", {"CLUSTER": 16, "THREADS": 512, "VECS": 2, "STAGES": 4})]
 
 
 @needs_nvcc

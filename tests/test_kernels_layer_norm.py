@@ -194,15 +194,18 @@ HOPPER = DEV.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_cluster_backward_matches_float64(dtype, poison_outputs, close64, monkeypatch):
     # Rows wider than 8192 on Hopper: the cluster kernel at full size, at widths that leave a cluster's last
-    # block short, with fewer rows than clusters and with many rows to each cluster; rows strided.
+    # block short or blocks with no columns at all (40000), with fewer rows than clusters and with many rows to
+    # each cluster (its ring of shared-memory stages goes round many times); x strided, and dy in one case.
     mod = kernels.modules()["layer_norm"]
     real, took = mod._backward_cluster, []
     monkeypatch.setattr(mod, "_backward_cluster", lambda *a: took.append(real(*a)) or took[-1])
-    for rows, cols in [(4096, 16384), (3, 10000), (2000, 8200), (7, 16384)]:
+    shapes = [(4096, 16384), (3, 10000), (2000, 8200), (7, 16384), (1000, 40000), (5, 65536)]
+    for rows, cols in shapes:
         x = (randn(rows, cols + 8) * 2 + 1).to(dtype)[:, 8:]  # rows start 16-byte aligned
-        w, b, dy = randn(cols, dtype=dtype), randn(cols, dtype=dtype), randn(rows, cols, dtype=dtype)
+        w, b, dy = randn(cols, dtype=dtype), randn(cols, dtype=dtype), randn(rows, cols + 16, dtype=dtype)
+        dy = dy[:, 16:] if cols == 40000 else dy[:, :cols].contiguous()
         check_kernels(x, w, b, dy, close64, sums_scale=20)
-    assert len(took) == 4 and all(t is not None for t in took), "the Triton split ran instead"
+    assert len(took) == len(shapes) and all(t is not None for t in took), "the Triton split ran instead"
 
 
 @pytest.mark.skipif(not HOPPER, reason="thread-block clusters need a Hopper (sm_90) GPU or newer")

@@ -49,6 +49,13 @@ __device__ __forceinline__ void store16(unsigned* p, const unsigned w[4]) {
                  :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
 }
 
+__device__ __forceinline__ void store_floats(float* p, const float f[EPV]) {  // EPV floats, 16-byte aligned
+#pragma unroll
+    for (int k = 0; k < EPV; k += 4)
+        asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};"
+                     :: "l"(p + k), "f"(f[k]), "f"(f[k + 1]), "f"(f[k + 2]), "f"(f[k + 3]) : "memory");
+}
+
 __device__ __forceinline__ float exp2_approx(float v) {
     float r;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
@@ -114,6 +121,18 @@ __device__ __forceinline__ void send_pair_to_block(float* local, unsigned long l
     // store that needs no fence, so it does not wait for this thread's earlier stores to global memory.
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
                  :: "r"(in_block(local, rank)), "f"(a), "f"(b), "r"(in_block(bar, rank)) : "memory");
+}
+
+// ---- bulk copies from global into this block's shared memory, counted (bytes) by an mbarrier
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+    // One thread copies `bytes` (a multiple of 16; both addresses 16-byte aligned); `bar` must expect them.
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(smem32(dst)), "l"(src), "r"(bytes), "r"(smem32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void load16_shared(const unsigned* p, unsigned w[4]) {
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(smem32(p)));
 }
 
 // ---- block reductions: warp shuffles, then one slot per warp in shared memory

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 SOURCE_DIR = Path(__file__).resolve().parent
-# CUfunction_attribute CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: clusters of more than 8 blocks.
-_NON_PORTABLE_CLUSTER = 14
+# CUfunction_attribute values: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (dynamic shared memory past
+# 48 KB) and CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED (clusters of more than 8 blocks).
+_MAX_DYNAMIC_SHARED, _NON_PORTABLE_CLUSTER = 8, 14
 ELEM = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the element types of cluster.cuh (-D ELEM=...)
 
 
@@ -33,10 +34,11 @@ def _driver() -> ctypes.CDLL:
 
 class Kernel:
     """A kernel compiled by `compile_kernel` for one GPU: kernel(grid, block, *args) launches grid x block
-    threads (1-D) on that GPU's current stream; tensors pass as their data pointers, ints as 32-bit ints."""
+    threads (1-D), with `shared` bytes of dynamic shared memory a block, on that GPU's current stream; tensors
+    pass as their data pointers, ints as 32-bit ints."""
 
-    def __init__(self, func: ctypes.c_void_p, device_index: int):
-        self.func, self.device_index = func, device_index
+    def __init__(self, func: ctypes.c_void_p, device_index: int, shared: int = 0):
+        self.func, self.device_index, self.shared = func, device_index, shared
 
     def __call__(self, grid: int, block: int, *args: torch.Tensor | int) -> None:
         if torch.cuda.current_device() != self.device_index:
@@ -44,8 +46,8 @@ class Kernel:
                 return self(grid, block, *args)
         values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
         pointers = (ctypes.c_void_p * len(values))(*map(ctypes.addressof, values))
-        error = _driver().cuLaunchKernel(self.func, grid, 1, 1, block, 1, 1, 0, _current_stream(self.device_index),
-                                         pointers, None)
+        error = _driver().cuLaunchKernel(self.func, grid, 1, 1, block, 1, 1, self.shared,
+                                         _current_stream(self.device_index), pointers, None)
         if error:
             from torch.cuda._utils import _check_cuda
 
@@ -59,9 +61,10 @@ def _current_stream(device_index: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def compile_kernel(file: str, name: str, device_index: int, **defines: int) -> Kernel:
+def compile_kernel(file: str, name: str, device_index: int, shared: int = 0, **defines: int) -> Kernel:
     """The kernel `name` of labkit/cuda/`file` (which may include labkit/cuda's headers) compiled with
-    `-D key=value` for each of `defines`, loaded on GPU `device_index`."""
+    `-D key=value` for each of `defines`, loaded on GPU `device_index`, launched with `shared` bytes of dynamic
+    shared memory."""
     compile_ = getattr(torch.cuda, "_compile_kernel", None)
     if compile_ is None:
         raise RuntimeError(f"PyTorch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC): "
@@ -73,7 +76,9 @@ def compile_kernel(file: str, name: str, device_index: int, **defines: int) -> K
                           nvcc_options=[f"-D{k}={v}" for k, v in defines.items()])
         if defines.get("CLUSTER", 0) > 8:
             _check_cuda(_driver().cuFuncSetAttribute(kernel.func, _NON_PORTABLE_CLUSTER, 1))
-    return Kernel(kernel.func, device_index)
+        if shared:
+            _check_cuda(_driver().cuFuncSetAttribute(kernel.func, _MAX_DYNAMIC_SHARED, shared))
+    return Kernel(kernel.func, device_index, shared)
 
 
 class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
@@ -85,7 +90,8 @@ def max_active_clusters(kernel: Kernel, cluster: int, threads: int) -> int:
     """How many clusters of `kernel` (its cluster size set at compile time) the GPU holds at once."""
     from torch.cuda._utils import _check_cuda
 
-    config = _LaunchConfig((ctypes.c_uint * 3)(cluster, 1, 1), (ctypes.c_uint * 3)(threads, 1, 1), 0, None, None, 0)
+    config = _LaunchConfig((ctypes.c_uint * 3)(cluster, 1, 1), (ctypes.c_uint * 3)(threads, 1, 1), kernel.shared, None,
+                           None, 0)
     count = ctypes.c_int()
     _check_cuda(_driver().cuOccupancyMaxActiveClusters(ctypes.byref(count), kernel.func, ctypes.byref(config)))
     return count.value
@@ -113,11 +119,13 @@ def cluster_device(*rows: torch.Tensor) -> int | None:
 
 
 @functools.lru_cache(maxsize=None)
-def cluster_kernel(op: str, file: str, name: str, device_index: int, **defines: int) -> tuple[Kernel, int] | None:
-    """(kernel, clusters the GPU holds at once) for a kernel whose defines include CLUSTER and THREADS; None,
-    with a warning (once) naming `op`, where it cannot be compiled or launched here."""
+def cluster_kernel(op: str, file: str, name: str, device_index: int, shared: int = 0,
+                   **defines: int) -> tuple[Kernel, int] | None:
+    """(kernel, clusters the GPU holds at once) for a kernel whose defines include CLUSTER and THREADS, with
+    `shared` bytes of dynamic shared memory a block; None, with a warning (once) naming `op`, where it cannot be
+    compiled or launched here."""
     try:
-        kernel = compile_kernel(file, name, device_index, **defines)
+        kernel = compile_kernel(file, name, device_index, shared, **defines)
         with torch.cuda.device(device_index):
             resident = max_active_clusters(kernel, defines["CLUSTER"], defines["THREADS"])
         if resident < 1:

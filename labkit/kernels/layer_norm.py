@@ -205,9 +205,10 @@ BWD_STAGES = 3
 # BWD_SPLIT[1] columns on BWD_SPLIT[2] warps, BWD_SPLIT[3] programs per SM. At 16384 columns the whole-row
 # kernel's two row-wide accumulators fill its registers: even pipelined it took 1.1x (bf16) the split's time.
 BWD_SPLIT = (8193, 4096, 4, 2)
-# Those rows on Hopper (labkit/cuda/layer_norm_bwd_cluster.cu): (threads, 16-byte vectors per thread, blocks
-# per SM, prefetch the next row) by dtype; swept on an H200 at 4096x16384 (fp16 takes bf16's, not timed).
-BWD_CLUSTER = {torch.float32: (256, 2, 3, 0), torch.float16: (512, 2, 1, 1), torch.bfloat16: (512, 2, 1, 1)}
+# Those rows on Hopper (labkit/cuda/layer_norm_bwd_cluster.cu): (threads, 16-byte vectors per thread, rows in
+# flight in shared memory, blocks per SM) by dtype; swept on an H200 from 1024x65536 to 16384x16384 (fp16 takes
+# bf16's, not timed).
+BWD_CLUSTER = {torch.float32: (256, 4, 4, 1), torch.float16: (512, 2, 4, 1), torch.bfloat16: (512, 2, 4, 1)}
 
 
 def _fwd_plan(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, int]:
@@ -292,14 +293,14 @@ def _backward_cluster(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor,
     (nothing done) where it cannot run: not a Hopper GPU, rows not in whole 16-byte vectors, or no NVRTC."""
     M, N = x2.shape
     index = rtc.cluster_device(dy2, x2, dx, weight.view(1, -1))  # weight read as one row
-    threads, vecs, per_sm, prefetch = BWD_CLUSTER[x2.dtype]
+    threads, vecs, stages, per_sm = BWD_CLUSTER[x2.dtype]
     per_vec = 16 // x2.element_size()  # elements per 16-byte vector
     cluster = next_pow2(cdiv(N, threads * vecs * per_vec))
     if index is None or cluster > 16:
         return None
     compiled = rtc.cluster_kernel("layer_norm backward", "layer_norm_bwd_cluster.cu", "layer_norm_bwd_cluster",
-                                  index, CLUSTER=cluster, THREADS=threads, VECS=vecs, PREFETCH=prefetch,
-                                  ELEM=rtc.ELEM[x2.dtype])
+                                  index, stages * 2 * threads * vecs * 16, CLUSTER=cluster, THREADS=threads,
+                                  VECS=vecs, STAGES=stages, ELEM=rtc.ELEM[x2.dtype])
     if compiled is None:
         return None
     kernel, resident = compiled
