@@ -34,8 +34,10 @@ def test_cu_file_compiles(source, tmp_path):
         assert "sm_90" in listing and "sm_75" in listing, listing
 
 
-RTC_BUILDS = [("softmax_cluster.cu", {"CLUSTER": 2, "THREADS": 512, "VECS": 8}),
-              ("softmax_cluster.cu", {"CLUSTER": 16, "THREADS": 256, "VECS": 8}),
+RTC_BUILDS = [("softmax_cluster.cu", {"CLUSTER": 2, "THREADS": 512, "VECS": 8, "SVECS": 0}),
+              ("softmax_cluster.cu", {"CLUSTER": 16, "THREADS": 256, "VECS": 8, "SVECS": 0}),
+              ("softmax_cluster.cu", {"CLUSTER": 1, "THREADS": 512, "VECS": 8, "SVECS": 8}),
+              ("softmax_cluster.cu", {"CLUSTER": 16, "THREADS": 512, "VECS": 8, "SVECS": 8}),
               ("layer_norm_bwd_cluster.cu", {"CLUSTER": 4, "THREADS": 256, "VECS": 4, "STAGES": 4}),
               ("layer_norm_bwd_cluster.cu", {"CLUSTER": 16, "THREADS": 512, "VECS": 2, "STAGES": 4})]
 

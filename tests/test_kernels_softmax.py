@@ -95,20 +95,29 @@ def test_cluster_size_covers_the_row_in_powers_of_two(monkeypatch):
     assert cluster_size(131072, torch.float32) == 8 and cluster_size(40000, torch.float32) == 4
     assert cluster_size(100, torch.float32) == 2  # at least two blocks: one row to a block is the fused kernel
     assert cluster_size(16 * 16384, torch.float32) == 16 and cluster_size(16 * 16384 + 4, torch.float32) is None
+    # Blocks staging 8 more vectors a thread in shared memory hold 128 KB, and may take a row alone.
+    assert cluster_size(65536, torch.bfloat16, staged=8) == 1 and cluster_size(100, torch.float32, staged=8) == 1
+    assert cluster_size(131072, torch.bfloat16, staged=8) == 2 and cluster_size(131072, torch.float32, staged=8) == 4
+    assert cluster_size(40000, torch.float32, staged=8) == 2
 
 
-def test_cluster_launch_takes_smaller_blocks_for_few_rows(monkeypatch):
+def test_cluster_launch_stages_rows_in_shared_memory_then_takes_smaller_blocks_for_few_rows(monkeypatch):
     from labkit.kernels.softmax import cluster_launch
     mod = kernels.modules()["softmax"]
-    for name, value in [("CLUSTER_THREADS", 512), ("CLUSTER_VECS", 8), ("MAX_CLUSTER", 16),
+    for name, value in [("CLUSTER_THREADS", 512), ("CLUSTER_VECS", 8), ("CLUSTER_STAGED_VECS", 8), ("MAX_CLUSTER", 16),
                         ("CLUSTER_MIN_BLOCKS_PER_SM", 12), ("num_sms", lambda device: 132)]:
         monkeypatch.setattr(mod, name, value)
     cpu, bf16, fp32 = torch.device("cpu"), torch.bfloat16, torch.float32
-    assert cluster_launch(1024, 65536, bf16, cpu) == (512, 2)  # 2048 blocks: enough
-    assert cluster_launch(256, 131072, fp32, cpu) == (512, 8)
-    assert cluster_launch(256, 131072, bf16, cpu) == (256, 8)  # 1024 blocks of 512 threads: too few
-    assert cluster_launch(256, 65536, fp32, cpu) == (256, 8)
-    assert cluster_launch(4, 16 * 16384, fp32, cpu) == (512, 16)  # smaller blocks would need 32 to a row
+    # (threads, staged vectors a thread, blocks a row): staged blocks wherever they still give a block per SM
+    assert cluster_launch(1024, 65536, bf16, cpu) == (512, 8, 1)
+    assert cluster_launch(256, 131072, fp32, cpu) == (512, 8, 4)
+    assert cluster_launch(256, 131072, bf16, cpu) == (512, 8, 2)
+    assert cluster_launch(66, 131072, bf16, cpu) == (512, 8, 2)  # 132 blocks: one per SM
+    assert cluster_launch(100, 32 * 16384, fp32, cpu) == (512, 8, 16)  # too long for blocks without staging
+    # too few rows for that: plain blocks, or half-size ones when those are too few
+    assert cluster_launch(65, 131072, bf16, cpu) == (256, 0, 8)
+    assert cluster_launch(20, 65536, bf16, cpu) == (256, 0, 4)
+    assert cluster_launch(4, 16 * 16384, fp32, cpu) == (512, 0, 16)  # smaller blocks would need 32 to a row
     assert cluster_launch(4, 16 * 16384 + 4, fp32, cpu) is None
 
 
@@ -119,11 +128,13 @@ HOPPER = DEV.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_cluster_kernel_matches_float64(dtype, poison_outputs, close64, monkeypatch):
     # Long rows on Hopper: the cluster kernel at the bench's full sizes, odd widths (a cluster's last blocks
-    # partly or wholly past the row), strided rows, many rows, whole chunks of -inf and a late row maximum.
+    # partly or wholly past the row), strided rows, many rows, whole chunks of -inf and a late row maximum;
+    # blocks staging part of their chunk in shared memory, that part full, partial (20000, 140000) or empty (104).
     mod = kernels.modules()["softmax"]
     split = []
     monkeypatch.setattr(mod, "_softmax_split", lambda *a: split.append(a))  # the Triton path must not run
-    for rows, cols in [(1024, 65536), (256, 131072), (5, 40000), (3001, 20000), (3, 16392), (7, 8)]:
+    for rows, cols in [(1024, 65536), (256, 131072), (5, 40000), (3001, 20000), (3, 16392), (7, 8), (200, 140000),
+                       (300, 104)]:
         x = randn(rows, cols + 64, dtype=dtype)[:, 64:]  # strided rows, each 16-byte aligned
         x[0, : cols // 2] = -float("inf")
         x[-1, -1] = 40.0

@@ -29,11 +29,13 @@ ONLINE_BLOCK, ONLINE_WARPS, ONLINE_PROGRAMS_PER_SM = 8192, 16, 4
 SPLIT_CHUNK = 8192
 SPLIT_WARPS = 4
 # Split rows on Hopper (labkit/cuda/softmax_cluster.cu): each block of a cluster holds CLUSTER_THREADS x
-# CLUSTER_VECS 16-byte vectors of its row in registers (64 KB); a row takes 2 to MAX_CLUSTER blocks. When that
-# gives fewer than CLUSTER_MIN_BLOCKS_PER_SM blocks per SM, blocks of half as many threads (more, smaller
-# blocks: 2-3 points better at 256 rows). Swept on an H200 at 1024x65536, 256x131072 and 256x65536 (fp32, bf16)
-# against 128-1024 threads and 4-16 vectors.
-CLUSTER_THREADS, CLUSTER_VECS, MAX_CLUSTER, CLUSTER_MIN_BLOCKS_PER_SM = 512, 8, 16, 12
+# CLUSTER_VECS 16-byte vectors of its row in registers (64 KB); a row takes 2 to MAX_CLUSTER blocks. Where that
+# leaves at least one block per SM, blocks also stage CLUSTER_STAGED_VECS vectors a thread in shared memory (128
+# KB a block; a row takes 1 to MAX_CLUSTER). Else, when the plain blocks give fewer than CLUSTER_MIN_BLOCKS_PER_SM
+# blocks per SM, blocks of half as many threads (more, smaller blocks: 2-3 points better at 256 rows). Swept on
+# an H200 at 1024x65536, 512x131072, 256x131072 and 256x65536 (fp32, bf16) against 128-1024 threads, 4-16
+# vectors in registers and 0-24 in shared memory.
+CLUSTER_THREADS, CLUSTER_VECS, CLUSTER_STAGED_VECS, MAX_CLUSTER, CLUSTER_MIN_BLOCKS_PER_SM = 512, 8, 8, 16, 12
 
 
 def min_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
@@ -177,22 +179,27 @@ def _softmax_split(x2: torch.Tensor, y: torch.Tensor) -> None:
                                             num_warps=1 if INTERPRETED else SPLIT_WARPS)
 
 
-def cluster_size(N: int, dtype: torch.dtype, threads: int | None = None) -> int | None:
-    """Blocks per row cluster for rows of N elements (a power of two, 2..MAX_CLUSTER), None if too long."""
-    block_cols = (threads or CLUSTER_THREADS) * CLUSTER_VECS * 16 // (torch.finfo(dtype).bits // 8)
-    blocks = max(2, next_pow2(cdiv(N, block_cols)))
+def cluster_size(N: int, dtype: torch.dtype, threads: int | None = None, staged: int = 0) -> int | None:
+    """Blocks per row cluster for rows of N elements (a power of two up to MAX_CLUSTER; at least 2 unless blocks
+    stage `staged` vectors a thread in shared memory), None if too long."""
+    block_cols = (threads or CLUSTER_THREADS) * (CLUSTER_VECS + staged) * 16 // (torch.finfo(dtype).bits // 8)
+    blocks = max(1 if staged else 2, next_pow2(cdiv(N, block_cols)))
     return blocks if blocks <= MAX_CLUSTER else None
 
 
-def cluster_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int] | None:
-    """(threads per block, blocks per cluster) for M rows of N elements, None if the rows are too long."""
+def cluster_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int] | None:
+    """(threads per block, vectors a thread stages in shared memory, blocks per cluster) for M rows of N
+    elements, None if the rows are too long."""
+    staged = cluster_size(N, dtype, staged=CLUSTER_STAGED_VECS)
+    if staged is not None and M * staged >= num_sms(device):
+        return CLUSTER_THREADS, CLUSTER_STAGED_VECS, staged
     cluster = cluster_size(N, dtype)
     if cluster is None:
         return None
     small = cluster_size(N, dtype, CLUSTER_THREADS // 2)
     if M * cluster < CLUSTER_MIN_BLOCKS_PER_SM * num_sms(device) and small is not None:
-        return CLUSTER_THREADS // 2, small
-    return CLUSTER_THREADS, cluster
+        return CLUSTER_THREADS // 2, 0, small
+    return CLUSTER_THREADS, 0, cluster
 
 
 def _softmax_cluster(x2: torch.Tensor, y: torch.Tensor) -> bool:
@@ -201,11 +208,12 @@ def _softmax_cluster(x2: torch.Tensor, y: torch.Tensor) -> bool:
     M, N = x2.shape
     index = rtc.cluster_device(x2, y)
     launch = cluster_launch(M, N, x2.dtype, x2.device) if index is not None else None
-    if launch is None or M * launch[1] >= 2**31:
+    if launch is None or M * launch[2] >= 2**31:
         return False
-    threads, cluster = launch
-    compiled = rtc.cluster_kernel("softmax", "softmax_cluster.cu", "softmax_cluster", index, CLUSTER=cluster,
-                                  THREADS=threads, VECS=CLUSTER_VECS, ELEM=rtc.ELEM[x2.dtype])
+    threads, staged, cluster = launch
+    compiled = rtc.cluster_kernel("softmax", "softmax_cluster.cu", "softmax_cluster", index, threads * staged * 16,
+                                  CLUSTER=cluster, THREADS=threads, VECS=CLUSTER_VECS, SVECS=staged,
+                                  ELEM=rtc.ELEM[x2.dtype])
     if compiled is None:
         return False
     per_vec = 16 // x2.element_size()  # elements per 16-byte vector; y is contiguous
