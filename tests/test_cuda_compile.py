@@ -48,7 +48,7 @@ RTC_BUILDS = [("softmax_cluster.cu", {"CLUSTER": 2, "THREADS": 512, "VECS": 8, "
                          "-".join(f"{k}{n}" for k, n in v.items()))
 def test_cluster_kernels_compile_for_hopper(source, defines, elem, tmp_path):
     """The run-time (NVRTC) kernels, with defines labkit's kernels pass, compile for Hopper without warnings
-    or register spills (they keep their chunks of rows in registers)."""
+    or register spills (they keep their chunks of rows in registers, and rows in flight in shared memory)."""
     cmd = [NVCC, "-c", "-O3", "-std=c++17", "--Werror", "all-warnings", "-gencode", TARGETS[0], "-Xptxas", "-v",
            "-I", str(cuda.SOURCE_DIR), f"-DELEM={elem}", *(f"-D{k}={v}" for k, v in defines.items()),
            str(cuda.SOURCE_DIR / source), "-o", str(tmp_path / "k.o")]

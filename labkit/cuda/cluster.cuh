@@ -105,6 +105,10 @@ __device__ __forceinline__ void mbarrier_init(unsigned long long* bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem32(bar)) : "memory");
 }
 
+__device__ __forceinline__ void mbarriers_ready() {  // after the inits: the cluster's threads and copies see them
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
 __device__ __forceinline__ void mbarrier_expect(unsigned long long* bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem32(bar)), "r"(bytes)
                  : "memory");
@@ -133,6 +137,12 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
 __device__ __forceinline__ void load16_shared(const unsigned* p, unsigned w[4]) {
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(smem32(p)));
+}
+
+__device__ __forceinline__ void reads_before_copies() {
+    // This thread's (and, after a barrier, its block's) reads of shared memory come before the bulk copies it
+    // issues next into the same bytes (ordinary and asynchronous accesses are ordered only by this fence).
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 // ---- block reductions: warp shuffles, then one slot per warp in shared memory

@@ -56,7 +56,7 @@ layer_norm_bwd_cluster(const unsigned* __restrict__ dy,   // rows of dy, as 32-b
         mbarrier_init(&landed[0]);
         mbarrier_init(&landed[1]);
         for (int s = 0; s < STAGES; ++s) mbarrier_init(&full[s]);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbarriers_ready();
         for (int s = 0; s < STAGES; ++s) {
             const long long row = cluster + (long long)s * clusters;
             if (row < M)
@@ -117,7 +117,7 @@ layer_norm_bwd_cluster(const unsigned* __restrict__ dy,   // rows of dy, as 32-b
             mbarrier_expect(&landed[p], CLUSTER * 8);
             const long long refill = row + (long long)STAGES * clusters;
             if (refill < M) {
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the reads above, before the copy
+                reads_before_copies();
                 fetch_row(ring + s * 8 * CHUNK, x + (refill * stride_x + base) * 4,
                           dy + (refill * stride_dy + base) * 4, bytes, &full[s]);
             }

@@ -18,6 +18,7 @@ SOURCE_DIR = Path(__file__).resolve().parent
 # CUfunction_attribute values: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (dynamic shared memory past
 # 48 KB) and CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED (clusters of more than 8 blocks).
 _MAX_DYNAMIC_SHARED, _NON_PORTABLE_CLUSTER = 8, 14
+MAX_CLUSTER = 16  # blocks a cluster may have on Hopper (more than 8 with the non-portable attribute)
 ELEM = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the element types of cluster.cuh (-D ELEM=...)
 
 

@@ -12,6 +12,7 @@
 // With SVECS > 0 a block holds SVECS more vectors a thread in shared memory, fetched by one bulk copy
 // (cp.async.bulk), so half as many blocks share a row: on an H200 clusters of 4 or more blocks ran on
 // only 124 of its 132 SMs, clusters of 2 (or 1) on all of them (256x65536 bf16: 78% -> 88% of copy bandwidth).
+//
 // 16-bit rows are bound by instruction count as much as by memory: their maximum is taken on packed pairs
 // and each exp is one FMA and one exp2 (y = 2^(x log2 e - c)), 85% -> 88% of copy bandwidth at
 // 1024x65536 bf16 on an H200. fp32 keeps the exact x - max (its tests ask for 2e-5).
@@ -90,7 +91,7 @@ softmax_cluster(const unsigned* __restrict__ x,  // input rows, as 32-bit words
     if (SVECS) {
         if (threadIdx.x == 0) {
             mbarrier_init(&landed);
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+            mbarriers_ready();
             mbarrier_expect(&landed, staged_own * 16);
             if (staged_own) bulk_load(staged, xr + 4 * staged_first, staged_own * 16, &landed);
         }

@@ -267,24 +267,33 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         dw, db = torch.zeros((2, N), dtype=weight.dtype, device=x.device)
         return dx.view(x.shape), dw, db
     plan = _split_plan(M, N, x.device)
-    partial = _backward_cluster(dy2, x2, weight, mean, rstd, dx) if plan else None
-    if partial is None and plan:
-        chunk, splits, groups, split_warps = plan
-        partial = torch.empty((2, groups, N), dtype=torch.float32, device=x.device)
-        exchange, count = split_exchange(M, splits, x.device)
-        for stage in SPLIT_STAGES:
-            layer_norm_bwd_split_kernel[(groups * splits,)](
-                exchange, count, M, splits, groups, dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], N,
-                dy2.stride(0), x2.stride(0), dx.stride(0), CHUNK=chunk, SPLITS_P2=next_pow2(splits), STAGE=stage,
-                num_warps=split_warps)
-    elif partial is None:
+    if plan is None:  # whole rows
         programs, bm, bn, warps, stages = _bwd_plan(M, N, x.dtype, x.device)
         partial = torch.empty((2, programs, N), dtype=torch.float32, device=x.device)
         layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
                                            dy2.stride(0), x2.stride(0), dx.stride(0), cdiv(M, bm), BLOCK_M=bm,
                                            BLOCK_N=bn, STAGES=stages, num_warps=warps)
+    else:  # split rows: the cluster kernel where it can run, else Triton's split kernel
+        partial = _backward_cluster(dy2, x2, weight, mean, rstd, dx)
+        if partial is None:
+            partial = _backward_split(dy2, x2, weight, mean, rstd, dx, plan)
     dw, db = sum_partials(partial, weight.dtype)
     return dx.view(x.shape), dw, db
+
+
+def _backward_split(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
+                    rstd: torch.Tensor, dx: torch.Tensor, plan: tuple[int, int, int, int]) -> torch.Tensor:
+    """dx written by Triton's split kernel (`plan` from _split_plan), and its fp32 (2, groups, N) partial sums."""
+    M, N = x2.shape
+    chunk, splits, groups, split_warps = plan
+    partial = torch.empty((2, groups, N), dtype=torch.float32, device=x2.device)
+    exchange, count = split_exchange(M, splits, x2.device)
+    for stage in SPLIT_STAGES:
+        layer_norm_bwd_split_kernel[(groups * splits,)](
+            exchange, count, M, splits, groups, dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], N,
+            dy2.stride(0), x2.stride(0), dx.stride(0), CHUNK=chunk, SPLITS_P2=next_pow2(splits), STAGE=stage,
+            num_warps=split_warps)
+    return partial
 
 
 def _backward_cluster(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
@@ -296,7 +305,7 @@ def _backward_cluster(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor,
     threads, vecs, stages, per_sm = BWD_CLUSTER[x2.dtype]
     per_vec = 16 // x2.element_size()  # elements per 16-byte vector
     cluster = next_pow2(cdiv(N, threads * vecs * per_vec))
-    if index is None or cluster > 16:
+    if index is None or cluster > rtc.MAX_CLUSTER:
         return None
     compiled = rtc.cluster_kernel("layer_norm backward", "layer_norm_bwd_cluster.cu", "layer_norm_bwd_cluster",
                                   index, stages * 2 * threads * vecs * 16, CLUSTER=cluster, THREADS=threads,

@@ -35,7 +35,8 @@ SPLIT_WARPS = 4
 # blocks per SM, blocks of half as many threads (more, smaller blocks: 2-3 points better at 256 rows). Swept on
 # an H200 at 1024x65536, 512x131072, 256x131072 and 256x65536 (fp32, bf16) against 128-1024 threads, 4-16
 # vectors in registers and 0-24 in shared memory.
-CLUSTER_THREADS, CLUSTER_VECS, CLUSTER_STAGED_VECS, MAX_CLUSTER, CLUSTER_MIN_BLOCKS_PER_SM = 512, 8, 8, 16, 12
+CLUSTER_THREADS, CLUSTER_VECS, CLUSTER_STAGED_VECS, CLUSTER_MIN_BLOCKS_PER_SM = 512, 8, 8, 12
+MAX_CLUSTER = rtc.MAX_CLUSTER
 
 
 def min_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
