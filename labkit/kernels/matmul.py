@@ -3,10 +3,11 @@
 Bytes (at least, each matrix once): (M*K + K*N + M*N) * element_size.
 FLOPs: 2 * M * N * K (a multiply and an add per term).
 Compute-bound for large square sizes: arithmetic intensity ~ n/3 FLOP per byte in fp16/bf16.
-Two kernels: for tensor-core precisions (bf16, fp16, TF32) on Hopper-class GPUs (and in the
+Three kernels: for tensor-core precisions (bf16, fp16, TF32) on Hopper-class GPUs (and in the
 interpreter) a TMA kernel whose tiles come from a small table measured on an H200
-(`matmul_tma_kernel`); for full fp32, older GPUs and inputs TMA cannot describe, a pointer kernel
-whose tiles @triton.autotune picks (`matmul_kernel`). `plan(a, b)` says which a call takes.
+(`matmul_tma_kernel`); for TF32 with a row-major B on Hopper, a Gluon kernel that needs no copy of B
+(labkit/kernels/matmul_tf32.py); for full fp32, older GPUs and inputs TMA cannot describe, a pointer
+kernel whose tiles @triton.autotune picks (`matmul_kernel`). `plan(a, b)` says which a call takes.
 """
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ try:  # Triton >= 3.4: host-side TMA descriptors (the interpreter runs them too)
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # older Triton: every call takes the pointer kernel
     TensorDescriptor = None
+try:  # a Triton with Gluon: TF32 with a row-major B on Hopper needs no copy of B
+    from labkit.kernels import matmul_tf32
+except ImportError:
+    matmul_tf32 = None
 
 
 def min_bytes(M: int, N: int, K: int, dtype: torch.dtype = torch.float32) -> int:
@@ -199,9 +204,12 @@ def input_precision(dtype: torch.dtype) -> str:
     return "tf32"  # (ignored for fp16/bf16 inputs, which the tensor cores take as they are)
 
 
-# TF32 on Hopper: the tensor cores (wgmma) take 32-bit operands only K-major, so a B that is not K-major
-# is copied K-major first by transpose() (2 K N 4 bytes: a few % of a 4096 product's time) when
-# TF32_B_K_MAJOR is set. A K-major B (b.stride(0) == 1, e.g. b = t.t()) is used as it is, with no copy.
+# TF32 on Hopper: the tensor cores (wgmma) read 32-bit operands from shared memory only K-major. A row-major
+# B goes to the Gluon kernel (matmul_tf32.py), which loads B^T into registers instead, when TF32_GLUON is set
+# and it can run (a Hopper GPU, a Triton with Gluon). Else a B that is not K-major is copied K-major first by
+# transpose() (2 K N 4 bytes: 8% of a 4096 product's time on an H200) when TF32_B_K_MAJOR is set. A K-major B
+# (b.stride(0) == 1, e.g. b = t.t()) is used as it is by the TMA kernel, with no copy.
+TF32_GLUON = True
 TF32_B_K_MAJOR = True
 
 # TMA kernel tiles: (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, GROUP_M, persistent, flatten), keyed on
@@ -227,7 +235,7 @@ ONE_TILE = 1 << 30  # NUM_PROGS past any tile count: each program does one tile 
 
 class Plan(NamedTuple):
     """How _matmul runs one kind of call: which kernel, B's layout, and the launch."""
-    path: str  # "tma" or "pointer"
+    path: str  # "tma", "gluon" (TF32, row-major B, Hopper) or "pointer"
     copy_b: bool  # TF32: B is first copied K-major (by transpose() on the TMA path)
     b_kmajor: bool  # TMA: b_desc describes B^T (N, K)
     grid: tuple  # the launch grid (pointer kernel: once its first call has autotuned; empty before)
@@ -240,6 +248,12 @@ def _tma_device(device: torch.device) -> bool:
     if TensorDescriptor is None:
         return False
     return INTERPRETED or torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+@functools.cache
+def _gluon_device(device: torch.device) -> bool:
+    """Whether the Gluon TF32 kernel runs here: Hopper's wgmma (sm_90 only), compiled (no interpreter)."""
+    return matmul_tf32 is not None and not INTERPRETED and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -258,6 +272,10 @@ def _plan(a: torch.Tensor, b: torch.Tensor, precision: str) -> Plan:
     # Full fp32 (TF32 off) uses no tensor cores: it keeps the autotuned pointer kernel.
     tma = (_tma_device(a.device) and precision != "ieee" and (INTERPRETED or M * N * K >= TMA_MIN_MNK)
            and _tma_ok(a) and N * elem % 16 == 0)
+    n = (M * N * K) ** (1 / 3)
+    size = 2048 if n < 2896 else 4096 if n < 5793 else 8192  # 2896, 5793: the geometric midpoints
+    if tma and tf32 and TF32_GLUON and b.stride(0) != 1 and _tma_ok(b) and _gluon_device(a.device):
+        return Plan("gluon", False, False, (), {"size": size}, {})
     if tma and copy_b:  # transpose() writes B^T (N, K) contiguous
         b_kmajor, tma = True, K * elem % 16 == 0
     elif tma and b.stride(0) == 1 and _tma_ok(b.t()):  # already K-major (e.g. b = t.t()): no copy
@@ -268,8 +286,6 @@ def _plan(a: torch.Tensor, b: torch.Tensor, precision: str) -> Plan:
         tma = False
     if not tma:
         return Plan("pointer", copy_b and not INTERPRETED, False, (), {}, {})
-    n = (M * N * K) ** (1 / 3)
-    size = 2048 if n < 2896 else 4096 if n < 5793 else 8192  # 2896, 5793: the geometric midpoints
     bm, bn, bk, stages, warps, group, persistent, flatten = (
         INTERPRETER_TMA_CONFIG if INTERPRETED else TMA_CONFIGS[(16 if elem == 2 else 32, size)])
     tiles = cdiv(M, bm) * cdiv(N, bn)
@@ -296,7 +312,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     Accumulates in fp32. fp32 inputs use TF32 tensor cores when
     torch.backends.cuda.matmul.allow_tf32 is True (as torch.matmul does), else full fp32.
-    Any strides work; only TF32 copies B, when it is not K-major (see TF32_B_K_MAJOR).
+    Any strides work; only TF32 may copy B, when it is not K-major and the Gluon kernel cannot take it
+    (see TF32_GLUON).
     Differentiable: when a or b requires grad, the backward runs this kernel again
     (da = dc @ b^T, db = a^T @ dc).
     """
@@ -342,11 +359,14 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if K == 0:
         return c.zero_()
     precision = input_precision(a.dtype)
-    plan_key = (a.dtype, precision, TF32_B_K_MAJOR, M, N, K, *a.stride(), *b.stride(), a.data_ptr() % 16 == 0,
-                b.data_ptr() % 16 == 0, a.device)
+    plan_key = (a.dtype, precision, TF32_GLUON, TF32_B_K_MAJOR, M, N, K, *a.stride(), *b.stride(),
+                a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, a.device)
     p = _plans.get(plan_key)
     if p is None:  # decided once per kind of call
         p = _plans[plan_key] = _plan(a, b, precision)
+    if p.path == "gluon":
+        matmul_tf32.matmul_tf32(a, b, c, p.meta["size"])
+        return c
     if p.copy_b:
         b = transpose(b).t()  # K-major: b.t() is contiguous (N, K)
     if p.path == "tma":

@@ -1,0 +1,120 @@
+"""labkit.kernels.matmul_tf32 (the Gluon TF32 kernel): when matmul takes it, its results against float64
+(a Hopper GPU), and what it compiles to for sm_90 (here, no GPU needed)."""
+import math
+import re
+
+import pytest
+import torch
+
+import labkit
+from labkit import kernels
+
+DEV = labkit.current().device
+mm = kernels.modules()["matmul"]
+HOPPER = DEV.type == "cuda" and torch.cuda.get_device_capability()[0] == 9
+gluon_gpu = pytest.mark.skipif(not HOPPER or mm.matmul_tf32 is None,
+                               reason="the Gluon TF32 kernel runs on a Hopper GPU (sm_90) with a Triton that has Gluon")
+
+
+@pytest.fixture
+def tf32(monkeypatch):
+    """TF32 on (restored afterwards); small products take the tensor-core paths on a GPU too."""
+    monkeypatch.setattr(mm, "TMA_MIN_MNK", 0)
+    monkeypatch.setattr(mm, "_plans", {})
+    old = torch.backends.cuda.matmul.allow_tf32  # (not an attribute monkeypatch can set)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def check_tf32(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """c against a @ b in float64, for inputs of unit scale: TF32 keeps 10 mantissa bits of each input, so an
+    output's error is a sum of K small random terms: about 2^-10 sqrt(K); allow 2^-7 sqrt(K) (one product left
+    out or counted twice is an error of order 1, far above it)."""
+    ref = a.double() @ b.double()
+    assert c.shape == ref.shape and c.dtype == torch.float32
+    assert not torch.isnan(c).any(), "output holds NaN (an element left unwritten?)"
+    err = (c.double() - ref).abs().max().item()
+    assert err <= 2**-7 * math.sqrt(a.shape[1]), f"max error {err:.3g} for K = {a.shape[1]}"
+
+
+@pytest.mark.skipif(DEV.type != "cpu", reason="the interpreter runs on the CPU")
+def test_gluon_path_never_in_the_interpreter(tf32):
+    a, b = torch.randn(37, 40), torch.randn(40, 72)  # the TMA kernel on a K-major copy of b instead
+    assert mm.plan(a, b)[:3] == ("tma", True, True)
+
+
+@gluon_gpu
+def test_gluon_path_matches_float64(tf32, monkeypatch, poison_outputs):
+    monkeypatch.setattr(mm, "transpose", lambda x: pytest.fail("the Gluon path copied b"))
+    # M, N, K not multiples of the tiles (256 x 128 x 32); an odd number of k-steps (K = 520: 17); tiles
+    # smaller than the matrices' edges (N = 8, K = 4); more tiles than SMs
+    for m, k, n in [(37, 40, 72), (1000, 520, 1032), (64, 4, 8), (3000, 1036, 2996), (2048, 2048, 2048)]:
+        a, b = torch.randn(m, k, device=DEV), torch.randn(k, n, device=DEV)
+        assert mm.plan(a, b)[:3] == ("gluon", False, False), (m, k, n)
+        check_tf32(kernels.matmul(a, b), a, b)
+
+
+@gluon_gpu
+def test_gluon_path_takes_views_and_every_tile_config(tf32, poison_outputs):
+    # row strides of 80 and 96 elements (16-byte multiples), first elements 16-byte aligned
+    a = torch.randn(600, 80, device=DEV)[8:590, 8:48]
+    b = torch.randn(48, 96, device=DEV)[4:44, 16:88]
+    assert not a.is_contiguous() and not b.is_contiguous()
+    assert mm.plan(a, b).path == "gluon"
+    check_tf32(kernels.matmul(a, b), a, b)
+    # each size's tiles (the 8192 ones differ in stages), on one modest product
+    a, b = torch.randn(700, 264, device=DEV), torch.randn(264, 392, device=DEV)
+    for size in mm.matmul_tf32.CONFIGS:
+        c = torch.empty(700, 392, device=DEV)
+        mm.matmul_tf32.matmul_tf32(a, b, c, size)
+        check_tf32(c, a, b)
+
+
+@gluon_gpu
+def test_other_inputs_leave_the_gluon_path(tf32, monkeypatch, poison_outputs, close64):
+    a, b = torch.randn(37, 40, device=DEV), torch.randn(40, 72, device=DEV)
+    cases = {  # K-major b: the TMA kernel reads it as it is; b's first element not 16-byte aligned: copied
+        "b K-major": (a, torch.randn(72, 40, device=DEV).t(), ("tma", False, True)),
+        "b misaligned": (a, torch.randn(2881, device=DEV)[1:].view(40, 72), ("tma", True, True)),
+    }
+    for what, (x, y, plan) in cases.items():
+        assert mm.plan(x, y)[:3] == plan, what
+        check_tf32(kernels.matmul(x, y), x, y)
+    monkeypatch.setattr(mm, "TF32_GLUON", False)
+    assert mm.plan(a, b)[:3] == ("tma", True, True)
+    torch.backends.cuda.matmul.allow_tf32 = False  # full fp32: no tensor cores (the fixture restores it)
+    assert mm.plan(a, b).path == "pointer"
+    close64(kernels.matmul(a, b), a.double() @ b.double(), scale=3)
+
+
+def _compile_for_sm90(size: int):
+    """The Gluon kernel compiled for sm_90a with `size`'s tiles (no GPU needed), through Triton's internals."""
+    triton = pytest.importorskip("triton")
+    gluon_runtime = pytest.importorskip("triton.experimental.gluon._runtime")
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.jit import mangle_type
+
+    mt = mm.matmul_tf32
+    bm, bn, bk, stages, warps, group = mt.CONFIGS[size]
+    descs = [mt.TensorDescriptor.from_tensor(torch.empty(512, 512), blk,
+                                             mt.gl.NVMMASharedLayout.get_default_for(blk, mt.gl.float32))
+             for blk in ([bm, bk], [bk, bn], [bm, bn])]
+    sig = {name: mangle_type(d) for name, d in zip(("a_desc", "b_desc", "c_desc"), descs)}
+    sig.update(GROUP_M="constexpr", STAGES="constexpr", num_warps="constexpr")
+    src = gluon_runtime.GluonASTSource(mt.matmul_tf32_kernel, sig,
+                                       constexprs={"GROUP_M": group, "STAGES": stages, "num_warps": warps})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
+@pytest.mark.skipif(mm.matmul_tf32 is None, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("size", [4096, 8192])
+def test_gluon_kernel_compiles_to_tf32_wgmma_from_registers(size):
+    try:
+        k = _compile_for_sm90(size)
+    except (ImportError, AttributeError, TypeError) as exc:  # Triton's internals moved: nothing to check here
+        pytest.skip(f"cannot compile a Gluon kernel without a GPU on this Triton: {exc}")
+    ptx = k.asm["ptx"]
+    # wgmma on TF32 whose first operand is a list of registers (B^T), the second a shared-memory descriptor
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k8\.f32\.tf32\.tf32\s*\{[^}]*\}\s*,\s*\{", ptx)
+    assert k.metadata.shared <= 227 * 1024
