@@ -101,9 +101,8 @@ def _compile_for_sm90(size: int):
                                              mt.gl.NVMMASharedLayout.get_default_for(blk, mt.gl.float32))
              for blk in ([bm, bk], [bk, bn], [bm, bn])]
     sig = {name: mangle_type(d) for name, d in zip(("a_desc", "b_desc", "c_desc"), descs)}
-    sig.update(GROUP_M="constexpr", STAGES="constexpr", num_warps="constexpr")
-    src = gluon_runtime.GluonASTSource(mt.matmul_tf32_kernel, sig,
-                                       constexprs={"GROUP_M": group, "STAGES": stages, "num_warps": warps})
+    sig.update(GROUP_M="constexpr", STAGES="constexpr")
+    src = gluon_runtime.GluonASTSource(mt.matmul_tf32_kernel, sig, constexprs={"GROUP_M": group, "STAGES": stages})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 

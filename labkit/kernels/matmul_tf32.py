@@ -11,6 +11,8 @@ memory, barriers and wgmma are written out. It runs only on a GPU (no interprete
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -18,6 +20,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from labkit.kernels._common import Launcher
 
 # Names that changed between Triton releases (later ones: the first; 3.6: the second).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -75,8 +79,7 @@ def _mma_step(a_bufs, b_bufs, ready, acc, i, bt_layout: gl.constexpr, STAGES: gl
 
 
 @gluon.jit
-def matmul_tf32_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                       num_warps: gl.constexpr):
+def matmul_tf32_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     # a_desc: TMA descriptor over A (M, K), blocks (BM, BK); b_desc: over B (K, N), blocks (BK, BN), N-major;
     # c_desc: over C (M, N), blocks (BM, BN). TMA zero-fills loads past an edge (a K tail adds nothing) and
     # clips stores there. One program per tile of C; STAGES k-steps of A and B tiles in flight.
@@ -87,7 +90,7 @@ def matmul_tf32_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl
     K = a_desc.shape[1]
     N = b_desc.shape[1]
     off_m, off_n = _tile_start(gl.program_id(0), gl.cdiv(M, BM), gl.cdiv(N, BN), GROUP_M, BM, BN)
-    acc_layout: gl.constexpr = _acc_layout(BM, BN, num_warps)
+    acc_layout: gl.constexpr = _acc_layout(BM, BN, gl.num_warps())
     bt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=1)
 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
@@ -127,13 +130,21 @@ def matmul_tf32_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl
 CONFIGS = {2048: (256, 128, 32, 4, 8, 8), 4096: (256, 128, 32, 3, 8, 8), 8192: (256, 128, 32, 3, 8, 8)}
 
 
+@functools.cache
+def _shared_layout(rows: int, cols: int) -> gl.NVMMASharedLayout:
+    """How TMA lays out an fp32 tile in shared memory (swizzled for wgmma); made once per shape: 5 us a call."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float32)
+
+
+_launch = Launcher(matmul_tf32_kernel)
+
+
 def matmul_tf32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, size: int) -> None:
     """c = a @ b in TF32 for fp32 a (M, K) and b (K, N), both with unit last stride and 16-byte aligned rows,
     and c (M, N) contiguous; `size` picks the tiles (2048, 4096 or 8192)."""
     bm, bn, bk, stages, warps, group = CONFIGS[size]
-    f32 = gl.float32
-    a_desc = TensorDescriptor.from_tensor(a, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], f32))
-    b_desc = TensorDescriptor.from_tensor(b, [bk, bn], gl.NVMMASharedLayout.get_default_for([bk, bn], f32))
-    c_desc = TensorDescriptor.from_tensor(c, [bm, bn], gl.NVMMASharedLayout.get_default_for([bm, bn], f32))
+    descs = (TensorDescriptor.from_tensor(a, [bm, bk], _shared_layout(bm, bk)),
+             TensorDescriptor.from_tensor(b, [bk, bn], _shared_layout(bk, bn)),
+             TensorDescriptor.from_tensor(c, [bm, bn], _shared_layout(bm, bn)))
     tiles = triton.cdiv(a.shape[0], bm) * triton.cdiv(b.shape[1], bn)
-    matmul_tf32_kernel[(tiles,)](a_desc, b_desc, c_desc, group, stages, num_warps=warps)
+    _launch((tiles,), descs, {"GROUP_M": group, "STAGES": stages}, num_warps=warps)
