@@ -189,7 +189,8 @@ class Launcher:
     """A Triton kernel's compiled launches, cached by what Triton specialises on.
 
     matmul uses it to launch the config its autotuner chose without going through the autotuner
-    again; a launch whose arguments specialise as before goes straight to the compiled kernel.
+    again, and matmul_tf32 its Gluon kernel; a launch whose arguments specialise as before goes
+    straight to the compiled kernel.
     Call it as launcher(grid, args, constexprs, num_warps=...), with the constexprs in the kernel's
     order. In the interpreter it is the plain `kernel[grid](...)`. (For plain kernels Triton 3.6's
     own `kernel[grid](...)` measured as fast on an H200 host, so they use that.)
