@@ -31,7 +31,7 @@ def check_tf32(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """c against a @ b in float64, for inputs of unit scale: TF32 keeps 10 mantissa bits of each input, so an
     output's error is a sum of K small random terms: about 2^-10 sqrt(K); allow 2^-7 sqrt(K) (one product left
     out or counted twice is an error of order 1, far above it)."""
-    ref = a.double() @ b.double()
+    ref = mm.matmul_tf32.reference(a.double(), b.double())
     assert c.shape == ref.shape and c.dtype == torch.float32
     assert not torch.isnan(c).any(), "output holds NaN (an element left unwritten?)"
     err = (c.double() - ref).abs().max().item()

@@ -19,6 +19,7 @@
 #include "cluster.cuh"
 
 #define CHUNK (THREADS * VECS)  // 16-byte vectors of a row per block (x's, then dy's in a stage)
+#define STAGE_WORDS (8 * CHUNK)  // 32-bit words of a stage: two chunks of 4-word vectors
 
 __device__ __forceinline__ void fetch_row(unsigned* stage, const unsigned* x, const unsigned* dy, unsigned bytes,
                                           unsigned long long* full) {
@@ -60,7 +61,7 @@ layer_norm_bwd_cluster(const unsigned* __restrict__ dy,   // rows of dy, as 32-b
         for (int s = 0; s < STAGES; ++s) {
             const long long row = cluster + (long long)s * clusters;
             if (row < M)
-                fetch_row(ring + s * 8 * CHUNK, x + (row * stride_x + base) * 4, dy + (row * stride_dy + base) * 4,
+                fetch_row(ring + s * STAGE_WORDS, x + (row * stride_x + base) * 4, dy + (row * stride_dy + base) * 4,
                           bytes, &full[s]);
         }
     }
@@ -93,7 +94,7 @@ layer_norm_bwd_cluster(const unsigned* __restrict__ dy,   // rows of dy, as 32-b
             next_rs = rstd[next];
         }
         mbarrier_wait(&full[s], (step / STAGES) & 1);
-        const unsigned* stage = ring + s * 8 * CHUNK;
+        const unsigned* stage = ring + s * STAGE_WORDS;
         float a = 0.0f, b = 0.0f;
 #pragma unroll
         for (int i = 0; i < VECS; ++i) {  // xhat and g * weight kept as floats for dx; dweight and dbias added
@@ -118,7 +119,7 @@ layer_norm_bwd_cluster(const unsigned* __restrict__ dy,   // rows of dy, as 32-b
             const long long refill = row + (long long)STAGES * clusters;
             if (refill < M) {
                 reads_before_copies();
-                fetch_row(ring + s * 8 * CHUNK, x + (refill * stride_x + base) * 4,
+                fetch_row(ring + s * STAGE_WORDS, x + (refill * stride_x + base) * 4,
                           dy + (refill * stride_dy + base) * 4, bytes, &full[s]);
             }
         }

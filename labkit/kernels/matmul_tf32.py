@@ -14,14 +14,13 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from labkit.kernels._common import Launcher
+from labkit.kernels._common import Launcher, cdiv
 
 # Names that changed between Triton releases (later ones: the first; 3.6: the second).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -146,5 +145,5 @@ def matmul_tf32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, size: int) ->
     descs = (TensorDescriptor.from_tensor(a, [bm, bk], _shared_layout(bm, bk)),
              TensorDescriptor.from_tensor(b, [bk, bn], _shared_layout(bk, bn)),
              TensorDescriptor.from_tensor(c, [bm, bn], _shared_layout(bm, bn)))
-    tiles = triton.cdiv(a.shape[0], bm) * triton.cdiv(b.shape[1], bn)
+    tiles = cdiv(a.shape[0], bm) * cdiv(b.shape[1], bn)
     _launch((tiles,), descs, {"GROUP_M": group, "STAGES": stages}, num_warps=warps)
