@@ -48,13 +48,17 @@ RTC_BUILDS = [("softmax_cluster.cu", {"CLUSTER": 2, "THREADS": 512, "VECS": 8, "
                          "-".join(f"{k}{n}" for k, n in v.items()))
 def test_cluster_kernels_compile_for_hopper(source, defines, elem, tmp_path):
     """The run-time (NVRTC) kernels, with defines labkit's kernels pass, compile for Hopper without warnings
-    or register spills (they keep their chunks of rows in registers, and rows in flight in shared memory)."""
+    or register spills (they keep their chunks of rows in registers, and rows in flight in shared memory);
+    softmax's within the registers that let two of its largest blocks share an SM."""
     cmd = [NVCC, "-c", "-O3", "-std=c++17", "--Werror", "all-warnings", "-gencode", TARGETS[0], "-Xptxas", "-v",
            "-I", str(cuda.SOURCE_DIR), f"-DELEM={elem}", *(f"-D{k}={v}" for k, v in defines.items()),
            str(cuda.SOURCE_DIR / source), "-o", str(tmp_path / "k.o")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(cmd)}\nfailed:\n{done.stderr}{done.stdout}"
     assert "0 bytes spill stores" in done.stdout + done.stderr, done.stdout + done.stderr
+    if source == "softmax_cluster.cu":  # 64 registers a thread: two blocks of 512 threads fit an SM's 65536
+        used = [int(n) for n in re.findall(r"Used (\d+) registers", done.stdout + done.stderr)]
+        assert used and max(used) <= 64, used
 
 
 @needs_nvcc

@@ -6,6 +6,7 @@ import labkit
 from labkit import kernels
 
 DEV = labkit.current().device
+RTOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 6e-3}  # close64's, per element relative
 
 
 def randn(*shape, dtype=torch.float32, scale=3.0):
@@ -128,7 +129,8 @@ HOPPER = DEV.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_cluster_kernel_matches_float64(dtype, poison_outputs, close64, monkeypatch):
     # Long rows on Hopper: the cluster kernel at the bench's full sizes, odd widths (a cluster's last blocks
-    # partly or wholly past the row), strided rows, many rows, whole chunks of -inf and a late row maximum;
+    # partly or wholly past the row), strided rows, many rows, whole chunks of -inf, rows rising and falling
+    # (each group's exps are taken against the maximum so far, groups go in the order they land) and a late maximum;
     # blocks staging part of their chunk in shared memory, that part full, partial (20000, 140000) or empty (104).
     mod = kernels.modules()["softmax"]
     split = []
@@ -137,9 +139,18 @@ def test_cluster_kernel_matches_float64(dtype, poison_outputs, close64, monkeypa
                        (300, 104)]:
         x = randn(rows, cols + 64, dtype=dtype)[:, 64:]  # strided rows, each 16-byte aligned
         x[0, : cols // 2] = -float("inf")
+        x[1] = torch.linspace(-20.0, 20.0, cols, device=DEV)  # maxima that grow at every step, in either order
+        x[2] = torch.linspace(20.0, -20.0, cols, device=DEV)
+        if rows > 3:
+            x[3] *= 8  # a wide row: many outputs far below the largest, some under 1e-12
         x[-1, -1] = 40.0
         y = kernels.softmax(x, split=True)
-        close64(y, torch.softmax(x.double(), dim=-1))
+        ref = torch.softmax(x.double(), dim=-1)
+        close64(y, ref)
+        # Relative error at every size of output, not only against close64's absolute floor (outputs of long rows
+        # are ~1/cols, far under it): 16-bit rows keep exp(x - m) as fp16 x 2^15, exact to 2^-40 absolute.
+        floor = {torch.float32: 2.0**-120, torch.bfloat16: 2.0**-39, torch.float16: 2.0**-24}[dtype]
+        torch.testing.assert_close(y.double(), ref, rtol=RTOL[dtype], atol=floor)
         assert y.is_contiguous()
     assert not split, "the Triton split kernel ran where the cluster kernel should have"
 

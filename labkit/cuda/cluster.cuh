@@ -10,6 +10,16 @@
 #define LOG2E 1.4426950408889634f
 
 // ---- one 16-byte vector <-> EPV floats
+__device__ __forceinline__ void unpack_f16(unsigned w, float& lo, float& hi) {  // two fp16 -> two floats
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(w));
+}
+
+__device__ __forceinline__ unsigned pack_f16(float lo, float hi) {  // two floats -> two fp16, rounded to nearest
+    unsigned w;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));  // the first operand goes to the upper half
+    return w;
+}
+
 __device__ __forceinline__ void unpack(const unsigned w[4], float f[EPV]) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -19,8 +29,7 @@ __device__ __forceinline__ void unpack(const unsigned w[4], float f[EPV]) {
         f[2 * k] = __uint_as_float(w[k] << 16);  // bf16 is the top half of an fp32
         f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
 #else
-        asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %2; cvt.f32.f16 %0, lo; cvt.f32.f16 %1, hi; }"
-            : "=f"(f[2 * k]), "=f"(f[2 * k + 1]) : "r"(w[k]));
+        unpack_f16(w[k], f[2 * k], f[2 * k + 1]);
 #endif
     }
 }
@@ -33,7 +42,7 @@ __device__ __forceinline__ void pack(const float f[EPV], unsigned w[4]) {
 #elif ELEM == 1  // the first operand goes to the upper half: element 2k+1
         asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
 #else
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
+        w[k] = pack_f16(f[2 * k], f[2 * k + 1]);
 #endif
     }
 }
@@ -137,6 +146,11 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
 __device__ __forceinline__ void load16_shared(const unsigned* p, unsigned w[4]) {
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(smem32(p)));
+}
+
+__device__ __forceinline__ void store16_shared(unsigned* p, const unsigned w[4]) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :: "r"(smem32(p)), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
 }
 
 __device__ __forceinline__ void reads_before_copies() {
