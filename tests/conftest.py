@@ -80,9 +80,10 @@ def poison_outputs(monkeypatch):
 @pytest.fixture
 def close64():
     """assert_close against a float64 reference with a tolerance fit for `out`'s dtype."""
-    def check(out, ref, dtype=None, scale=1.0):
+    def check(out, ref, dtype=None, scale=1.0, atol=None):
+        # atol: an absolute floor of its own, for outputs much smaller than 1 (the default floor is the rtol)
         tol = KERNEL_TOL[dtype or out.dtype] * scale
         assert out.shape == ref.shape, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
         assert not torch.isnan(out).any(), "output holds NaN (an element left unwritten?)"
-        torch.testing.assert_close(out.double(), ref.double(), rtol=tol, atol=tol)
+        torch.testing.assert_close(out.double(), ref.double(), rtol=tol, atol=tol if atol is None else atol)
     return check

@@ -8,6 +8,7 @@
 #define WARPS (THREADS / 32)
 #define EPV (ELEM == 0 ? 4 : 8)  // elements per 16-byte vector
 #define LOG2E 1.4426950408889634f
+#define NEG_INF (-__int_as_float(0x7f800000))
 
 // ---- one 16-byte vector <-> EPV floats
 __device__ __forceinline__ void unpack_f16(unsigned w, float& lo, float& hi) {  // two fp16 -> two floats
@@ -164,7 +165,7 @@ __device__ __forceinline__ float block_max(float v, float* slots) {
     for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     if (threadIdx.x % 32 == 0) slots[threadIdx.x / 32] = v;
     __syncthreads();
-    v = threadIdx.x % 32 < WARPS ? slots[threadIdx.x % 32] : -__int_as_float(0x7f800000);
+    v = threadIdx.x % 32 < WARPS ? slots[threadIdx.x % 32] : NEG_INF;
     for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;  // in every thread
 }

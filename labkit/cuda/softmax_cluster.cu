@@ -32,7 +32,6 @@
 // and launches it with THREADS * SVECS * 16 bytes of dynamic shared memory.
 #include "cluster.cuh"
 
-#define NEG_INF (-__int_as_float(0x7f800000))
 #define CHUNKS 2  // bulk copies of the shared-memory part, each with its mbarrier
 #define GROUP 8   // register vectors folded in at a time
 // 16-bit rows keep e as fp16 times 2^E_SHIFT: 11 significant bits (bf16 has 8) keep y's relative error under
@@ -142,6 +141,8 @@ softmax_cluster(const unsigned* __restrict__ x,  // input rows, as 32-bit words
     const int first = rank * THREADS * (VECS + SVECS) + threadIdx.x;  // register vector i: first + i * THREADS
     const int staged_first = first - threadIdx.x + THREADS * VECS;      // the staged part's first vector
     const int staged_own = max(0, min(THREADS * SVECS, n_vec - staged_first));  // and its length
+    // This thread's vector j of bulk copy c, as an index into staged[] (and, past staged_first, into the row).
+    auto staged_vec = [](int c, int j) { return int(threadIdx.x) + (c * CHUNK + j) * THREADS; };
     if (SVECS) {
         if (threadIdx.x == 0) {
             for (int c = 0; c < CHUNKS; ++c) mbarrier_init(&landed[c]);
@@ -171,14 +172,13 @@ softmax_cluster(const unsigned* __restrict__ x,  // input rows, as 32-bit words
         mbarrier_wait(&landed[c], 0);
 #pragma unroll
         for (int j = 0; j < CHUNK; ++j) {
-            const int k = threadIdx.x + (c * CHUNK + j) * THREADS;
-            in[j] = k < staged_own;
-            if (in[j]) load16_shared(staged + 4 * k, v[j]);
+            in[j] = staged_vec(c, j) < staged_own;
+            if (in[j]) load16_shared(staged + 4 * staged_vec(c, j), v[j]);
         }
         group_max[VECS / GROUP + c] = online_group<CHUNK>(v, in, m, s);
 #pragma unroll
         for (int j = 0; j < CHUNK; ++j) {
-            if (in[j]) store16_shared(staged + 4 * (threadIdx.x + (c * CHUNK + j) * THREADS), v[j]);
+            if (in[j]) store16_shared(staged + 4 * staged_vec(c, j), v[j]);
         }
     }
 #pragma unroll
@@ -213,7 +213,7 @@ softmax_cluster(const unsigned* __restrict__ x,  // input rows, as 32-bit words
         const float scale = exp2_approx((group_max[VECS / GROUP + c] - row_max) * LOG2E) * inv;
 #pragma unroll
         for (int j = 0; j < CHUNK; ++j) {
-            const int k = threadIdx.x + (c * CHUNK + j) * THREADS;
+            const int k = staged_vec(c, j);
             if (k < staged_own) {
                 unsigned v[4];
                 load16_shared(staged + 4 * k, v);
