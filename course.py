@@ -66,6 +66,7 @@ def run_env(full: bool) -> dict[str, str]:
     # MPLBACKEND stays unset: notebook kernels keep Jupyter's inline backend, so their plots run as a
     # student's do (the pytest process itself plots with Agg: tests/conftest.py)
     env["LABKIT_QUICK"] = "0" if full else env.get("LABKIT_QUICK", "1")
+    env["LABKIT_CLAIMS_STRICT"] = "1"  # a failed claim fails its notebook's test (labkit/claims.py)
     return env
 
 
@@ -111,6 +112,7 @@ def start(args: argparse.Namespace) -> int:
     env = run_env(full=False)
     env.pop("LABKIT_QUICK")  # let labkit choose: quick without a GPU, full size with one
     env.pop("MPLBACKEND", None)  # inline plots
+    env.pop("LABKIT_CLAIMS_STRICT")  # a student reads a failed claim's verdict; only the tests stop on it
     is_root = hasattr(os, "geteuid") and os.geteuid() == 0
     if is_root:
         print("course: running as root (a container?): passing --allow-root to JupyterLab")

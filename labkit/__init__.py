@@ -4,10 +4,11 @@ Importing labkit never imports triton: call `labkit.setup()` first, so that on a
 without a GPU the Triton interpreter is on before any kernel is defined.
 """
 from labkit import ceilings, reference
-from labkit.claims import claim, guess, skip as skip_claim
+from labkit.claims import claim, diagnosis, guess, skip as skip_claim
 from labkit.device import current, gpu_count, have_gpus, machine_info, setup, show_machine, sized
 from labkit.figures import record
+from labkit.stats import Samples
 from labkit.timing import Timing, bench, gbps, tflops
 
-__all__ = ["ceilings", "reference", "claim", "guess", "skip_claim", "current", "gpu_count", "have_gpus", "machine_info", "setup", "show_machine",
-           "sized", "record", "Timing", "bench", "gbps", "tflops"]
+__all__ = ["ceilings", "reference", "claim", "diagnosis", "guess", "skip_claim", "current", "gpu_count", "have_gpus",
+           "machine_info", "setup", "show_machine", "sized", "record", "Samples", "Timing", "bench", "gbps", "tflops"]

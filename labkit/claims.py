@@ -1,81 +1,242 @@
 """Claims: a notebook's prediction checked against this run, with the verdict printed and recorded.
 
-    labkit.claim("pinned_faster", "pinned host->device copies beat pageable ones at 1 GiB",
-                 holds=pinned > 1.5 * pageable,
-                 figures={"pinned": (pinned, "GB/s"), "pageable": (pageable, "GB/s")},
-                 otherwise="this host's memcpy into the staging buffer keeps up with the link")
+    labkit.claim("pinned_beats_pageable", "pinned host->device copies are at least 1.5x faster than pageable",
+                 lambda f: f["pinned"] > 1.5 * f["pageable"],
+                 figures={"pinned": (pinned.map(to_gbps), "GB/s"), "pageable": (pageable.map(to_gbps), "GB/s")},
+                 because="pinned pages go straight to the copy engine; pageable ones are staged first",
+                 diagnoses=[labkit.diagnosis("memcpy_keeps_up", "this host's memcpy into the staging buffer is as "
+                                             "fast as the link", holds=memcpy_gbps > link_gbps,
+                                             figures={"memcpy": (memcpy_gbps, "GB/s")})])
 
-prints one line (expected, measured, verdict) and, when the claim does not hold, the explanation
-that fits this machine. `labkit run` collects every claim of a notebook into its summary.
+The verdict is one of:
+- HOLDS: the prediction held on this run.
+- DIFFERS: it did not hold, and a diagnosis measured on this machine explains why (the verdict names it with its
+  figures). A diagnosis is a prediction of its own about this run, checked here; one that holds on every machine
+  explains nothing.
+- FAILED: it did not hold and no diagnosis holds here. `labkit run`, the notebook tests and the GPU CI fail.
+- INCONCLUSIVE: the figures' spread cannot decide it, or the host was busy while a timed claim was measured
+  (labkit.stats says how this is decided). The advice is to rerun on a quiet machine, never an invented cause.
+- SKIPPED: this machine lacks what the claim needs (`needs=`).
+Correctness claims (equal results, exact arithmetic, bytes as counted) take no diagnoses.
+
+`holds` is True/False, or a test of the figures (`lambda f: ...`, given each figure's value, the median where
+it has samples) so that figures measured with repeats (a `labkit.Timing`, `labkit.Samples`) are resampled.
+LABKIT_CLAIMS_INVERT=1 inverts every claim's test (tests/test_claims_can_fail.py: each claim must then fail,
+unless a diagnosis that really holds here explains it). LABKIT_CLAIMS_STRICT=1 (the notebook tests) raises
+`ClaimFailed` on a failed claim, after printing it. `labkit run` collects every claim into its summary.
 Prose never types a measured figure: the claim's printed line is where the figure appears.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
+from labkit import stats
 from labkit.figures import display_entry, entries_in, fmt_value
 
 MIME = "application/vnd.labkit.claim+json"
 
-HELD, DIFFERS, FAILED, SKIPPED = "held", "differs", "failed", "skipped"
-MARK = {HELD: "HOLDS", DIFFERS: "DIFFERS (explained below)", FAILED: "DOES NOT HOLD", SKIPPED: "SKIPPED"}
+HELD, DIFFERS, FAILED, INCONCLUSIVE, SKIPPED = "held", "differs", "failed", "inconclusive", "skipped"
+STATUSES = (HELD, DIFFERS, FAILED, INCONCLUSIVE, SKIPPED)
+MARK = {HELD: "HOLDS", DIFFERS: "DIFFERS (diagnosed)", FAILED: "FAILED", INCONCLUSIVE: "INCONCLUSIVE",
+        SKIPPED: "SKIPPED"}
 
 claims: dict[str, dict[str, Any]] = {}
+_load: stats.HostLoad | None = None
 
-def _figures(figures: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """{"pinned": (55.1, "GB/s")} or {"n": 8} -> {"pinned": {"value": 55.1, "unit": "GB/s"}, ...}."""
+
+class ClaimFailed(AssertionError):
+    """A claim failed while LABKIT_CLAIMS_STRICT=1 (the notebook tests): no diagnosis measured here explains it."""
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def inverted() -> bool:
+    """Whether every claim's test is inverted (LABKIT_CLAIMS_INVERT=1): the check that each claim can fail."""
+    return _flag("LABKIT_CLAIMS_INVERT")
+
+
+def _number(key: str, value: Any) -> Any:
+    if hasattr(value, "item"):  # a 0-d tensor or numpy scalar
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf
+    if not isinstance(value, (int, float, str, bool)):
+        raise TypeError(f"figure {key!r} must be a number, a string, labkit.Samples or a labkit.Timing, "
+                        f"not {type(value).__name__}")
+    return value
+
+
+def _as_samples(value: Any) -> stats.Samples | None:
+    if isinstance(value, stats.Samples):
+        return value
+    as_samples = getattr(value, "as_samples", None)  # a labkit.Timing (milliseconds)
+    return as_samples() if callable(as_samples) else None
+
+
+def _figures(figures: Mapping[str, Any] | None) -> tuple[dict[str, dict[str, Any]], dict[str, stats.Samples]]:
+    """{"pinned": (55.1, "GB/s"), "t": (timing, "ms"), "n": 8} -> recorded figures, and the sampled ones."""
     out: dict[str, dict[str, Any]] = {}
+    sampled: dict[str, stats.Samples] = {}
     for key, fig in (figures or {}).items():
         value, unit = fig if isinstance(fig, tuple) else (fig, "")
-        if hasattr(value, "item"):  # a 0-d tensor or numpy scalar
-            value = value.item()
-        if isinstance(value, float) and not math.isfinite(value):
-            value = str(value)
-        if not isinstance(value, (int, float, str, bool)):
-            raise TypeError(f"claim figure {key!r} must be a number or a string, not {type(value).__name__}")
-        out[key] = {"value": value, "unit": unit}
-    return out
+        s = _as_samples(value)
+        if s is not None:
+            sampled[key] = s
+            out[key] = {"value": s.median, "unit": unit, "p20": s.p20, "p80": s.p80, "n": s.n}
+        else:
+            out[key] = {"value": _number(key, value), "unit": unit}
+    return out, sampled
 
 
-def _measured_text(figs: dict[str, dict[str, Any]]) -> str:
-    return ", ".join(f"{k} {fmt_value(f['value'])}{(' ' + f['unit']) if f['unit'] else ''}" for k, f in figs.items())
+def _measured_text(figs: Mapping[str, Mapping[str, Any]]) -> str:
+    parts = []
+    for k, f in figs.items():
+        unit = f" {f['unit']}" if f.get("unit") else ""
+        text = f"{k} {fmt_value(f['value'])}{unit}"
+        if "n" in f:
+            text += f" (p20-p80 {fmt_value(f['p20'])}-{fmt_value(f['p80'])}, n={f['n']})"
+        parts.append(text)
+    return ", ".join(parts)
 
 
-def claim(name: str, expected: str, holds: bool | None, figures: Mapping[str, Any] | None = None,
-          because: str = "", otherwise: str | Callable[[], str] = "", needs: str = "") -> dict[str, Any]:
+@dataclass
+class Diagnosis:
+    """An explanation of a claim that did not hold, as a check measured on this machine."""
+
+    name: str
+    says: str
+    holds: bool
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "says": self.says, "holds": self.holds, "figures": self.figures}
+
+    def text(self) -> str:
+        figs = _measured_text(self.figures)
+        return f"{self.name}: {self.says}" + (f" ({figs})" if figs else "")
+
+
+def diagnosis(name: str, says: str | Callable[[], str], holds: bool, figures: Mapping[str, Any] | None = None
+              ) -> Diagnosis:
+    """One possible cause of a claim's miss, checked on this machine: `holds` is the check's result (a bool
+    computed from measurements of this run or this machine), `figures` what it measured, `says` the cause in
+    words (or a function returning them). Pass it to `claim(..., diagnoses=[...])`."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("diagnosis() needs a non-empty name, e.g. diagnosis('l2_holds_the_buffer', ...)")
+    if hasattr(holds, "item"):
+        holds = bool(holds.item())
+    if not isinstance(holds, bool):
+        raise TypeError(f"diagnosis {name!r}: holds must be True or False (a check measured here), "
+                        f"not {type(holds).__name__}")
+    text = says() if callable(says) else says
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"diagnosis {name!r}: say what it explains, in words (says='...')")
+    figs, sampled = _figures(figures)
+    return Diagnosis(name, text, holds, figs)
+
+
+def _host_busy() -> float | None:
+    """Share of the machine's CPU time other processes used since the previous claim (None: unknown)."""
+    global _load
+    if _load is None:
+        _load = stats.HostLoad()
+        return None
+    return _load.others_share()
+
+
+def start_watching_load() -> None:
+    """Begin the host-load reading the first claim is judged by (labkit.setup() calls it)."""
+    global _load
+    _load = stats.HostLoad()
+
+
+def claim(name: str, expected: str, holds: bool | Callable[[Mapping[str, Any]], bool] | None,
+          figures: Mapping[str, Any] | None = None, because: str = "",
+          diagnoses: Sequence[Diagnosis] = (), needs: str = "", **unknown: Any) -> dict[str, Any]:
     """Check one prediction against this run: print the verdict, record it, return the entry.
 
-    holds=None marks the claim skipped (say what it `needs`). `otherwise` is the explanation that
-    fits a machine where the claim does not hold (a string, or a function returning one, so it can
-    quote the figures); with it the claim is an expected difference, without it a failure.
+    holds: True/False, None (skipped: say what it `needs`), or a test of the figures' values (medians where
+    they have samples), which sampled figures are resampled with. diagnoses: `labkit.diagnosis(...)` checks,
+    measured here, that may explain a miss; the claim DIFFERS only when one of them holds, else it FAILED.
     """
+    if unknown:
+        if "otherwise" in unknown:
+            raise TypeError(f"claim {name!r}: otherwise= (an explanation in words) is gone: a miss is explained only "
+                            "by a check measured here, diagnoses=[labkit.diagnosis(name, says, holds=...)]")
+        raise TypeError(f"claim {name!r}: unknown argument(s) {', '.join(sorted(unknown))}")
     if not isinstance(name, str) or not name.strip():
         raise ValueError("claim() needs a non-empty name, e.g. claim('pinned_faster', ...)")
     if not isinstance(expected, str) or not expected.strip():
         raise ValueError(f"claim {name!r}: say what was expected, in words (expected='...')")
-    if holds is not None and not isinstance(holds, bool):
-        if hasattr(holds, "item"):
-            holds = bool(holds.item())
-        else:
-            raise TypeError(f"claim {name!r}: holds must be True, False or None (skipped), not {type(holds).__name__}")
-    figs = _figures(figures)
-    why = otherwise() if callable(otherwise) else otherwise
+    if hasattr(holds, "item"):
+        holds = bool(holds.item())
+    if holds is not None and not isinstance(holds, bool) and not callable(holds):
+        raise TypeError(f"claim {name!r}: holds must be True, False, None (skipped) or a test of the figures "
+                        f"(lambda f: ...), not {type(holds).__name__}")
+    for d in diagnoses:
+        if not isinstance(d, Diagnosis):
+            raise TypeError(f"claim {name!r}: each diagnosis must come from labkit.diagnosis(...), "
+                            f"not {type(d).__name__}")
+    figs, sampled = _figures(figures)
+    busy = _host_busy()
+    invert = inverted()
+    entry: dict[str, Any] = {"name": name, "expected": expected, "figures": figs,
+                             "diagnoses": [d.as_dict() for d in diagnoses]}
+    if invert:
+        entry["inverted"] = True
+    if busy is not None:
+        entry["host_busy"] = round(busy, 3)
     if holds is None:
         status, note = SKIPPED, needs or "the hardware it needs is missing here"
-    elif holds:
-        status, note = HELD, because
     else:
-        status, note = (DIFFERS, why) if why else (FAILED, "no explanation recorded: rerun, or report it")
-    entry = {"name": name, "status": status, "expected": expected, "figures": figs, "note": note}
+        if callable(holds):
+            values = {k: f["value"] for k, f in figs.items()}
+            decision = stats.decide(holds, values, sampled, seed=name, invert=invert)
+        else:
+            decision = stats.Decision(holds != invert, None)
+        if decision.agree is not None:
+            entry["agreement"] = round(decision.agree, 3)
+        status, note = _verdict(decision, bool(sampled), busy, diagnoses, because)
+    entry["status"], entry["note"] = status, note
     claims[name] = entry
-    lines = [f"[{MARK[status]}] {name}: expected {expected}"]
+    lines = [f"[{MARK[status]}] {name}: expected {expected}" + ("  (test inverted: LABKIT_CLAIMS_INVERT)" if invert
+                                                                else "")]
     if figs:
         lines.append(f"    measured: {_measured_text(figs)}")
     if note:
-        lines.append(f"    {'why here' if status in (DIFFERS, FAILED) else 'why' if status == HELD else 'needs'}: {note}")
+        label = {HELD: "why", SKIPPED: "needs", DIFFERS: "diagnosed here", FAILED: "why it failed",
+                 INCONCLUSIVE: "undecided"}[status]
+        lines.append(f"    {label}: {note}")
     display_entry("\n".join(lines), MIME, entry)
+    if status == FAILED and _flag("LABKIT_CLAIMS_STRICT") and not invert:
+        raise ClaimFailed(f"claim {name!r} failed: expected {expected}; {note}")
     return entry
+
+
+def _verdict(decision: stats.Decision, timed: bool, busy: float | None, diagnoses: Sequence[Diagnosis],
+             because: str) -> tuple[str, str]:
+    if decision.too_few:
+        return INCONCLUSIVE, (f"too few samples to tell an effect from noise ({', '.join(decision.too_few)}: under "
+                              f"{stats.MIN_SAMPLES}); take more")
+    if not decision.decided:
+        return INCONCLUSIVE, (f"the spread cannot decide it: {decision.agree:.0%} of resampled medians agree with "
+                              f"the medians' answer (needs {stats.AGREE:.0%}); rerun on a quiet machine")
+    if decision.at_medians:
+        return HELD, because
+    if timed and busy is not None and busy > stats.BUSY_SHARE:
+        return INCONCLUSIVE, (f"the host was busy: other processes used {busy:.0%} of this machine's CPU time "
+                              "while it was measured; rerun on a quiet machine")
+    found = [d for d in diagnoses if d.holds]
+    if found:
+        return DIFFERS, "; ".join(d.text() for d in found)
+    if diagnoses:
+        return FAILED, "no diagnosis holds here (checked: " + "; ".join(d.text() for d in diagnoses) + ")"
+    return FAILED, "it did not hold, and no diagnosis was offered: rerun, or report it"
 
 
 def skip(name: str, expected: str, needs: str) -> dict[str, Any]:
@@ -105,8 +266,9 @@ def claims_in(notebook: dict) -> dict[str, dict[str, Any]]:
 
 
 def tally(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
-    """How many claims held, differ (explained), failed and were skipped."""
-    counts = {HELD: 0, DIFFERS: 0, FAILED: 0, SKIPPED: 0}
+    """How many claims held, differ (diagnosed), failed, were inconclusive and were skipped."""
+    counts = dict.fromkeys(STATUSES, 0)
     for e in entries.values():
-        counts[e.get("status", FAILED)] = counts.get(e.get("status", FAILED), 0) + 1
+        status = e.get("status", FAILED)
+        counts[status] = counts.get(status, 0) + 1
     return counts

@@ -138,6 +138,9 @@ def setup(device: str | torch.device | None = None, quick: bool | None = None) -
     if dev.type == "cuda" and dev.index is not None:  # set_device needs an index; plain "cuda" keeps the current GPU
         torch.cuda.set_device(dev)
     _current = Setup(device=dev, quick=bool(quick), triton_interpreter=interpreter)
+    from labkit import claims  # the first claim is judged by the host's load from here on
+
+    claims.start_watching_load()
     return _current
 
 

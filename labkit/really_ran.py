@@ -1,7 +1,8 @@
 """`labkit ran`: check that a batch run on a GPU host really ran on the GPU, at full size, with its plots.
 
 A notebook that ran on the CPU, skipped a GPU section the host could run, had every claim skipped,
-finished implausibly fast against its recorded GPU duration, or kept no plot fails the check.
+finished implausibly fast against its recorded GPU duration, or kept no plot fails the check; so does
+any failed claim, and on a GPU host at full size any inconclusive one (a quiet GPU must decide them).
 It reads the summary.json of `labkit run` and the executed notebooks next to it.
 """
 from __future__ import annotations
@@ -43,11 +44,17 @@ def _wanted_gpus(match: re.Match) -> int:
 
 
 def problems(executed: dict, entry: dict, host_gpus: int, recorded_s: float | None = None,
-             min_fraction: float = 0.3) -> list[str]:
+             min_fraction: float = 0.3, full_size: bool = True) -> list[str]:
     """What shows that this notebook did not really run on a host with `host_gpus` GPUs (0: a CPU host)."""
     found: list[str] = []
     if entry.get("status") != "ok":
         found.append(f"failed: {entry.get('error')}")
+    for c in (entry.get("claims") or {}).values():
+        if c.get("status") == "failed":
+            found.append(f"claim {c.get('name')!r} failed: {c.get('note', '')}"[:400])
+        elif c.get("status") == "inconclusive" and host_gpus and full_size:
+            found.append(f"claim {c.get('name')!r} inconclusive at full size on a GPU host, where it must decide: "
+                         f"{c.get('note', '')}"[:400])
     code = [c for c in executed.get("cells", []) if c.get("cell_type") == "code"]
     if host_gpus:
         texts = [_text(o) for c in code for o in c.get("outputs", [])]
@@ -115,7 +122,8 @@ def check(summary_path: Path, durations: Path | None = None, min_fraction: float
         if not executed and entry.get("status") == "ok":
             found.append(f"{name}: its executed notebook {entry.get('output')} is missing")
             continue
-        found += [f"{name}: {p}" for p in problems(executed, entry, host_gpus, recorded.get(name), min_fraction)]
+        found += [f"{name}: {p}" for p in problems(executed, entry, host_gpus, recorded.get(name), min_fraction,
+                                                   full_size=not summary.get("quick"))]
     return found
 
 

@@ -2,7 +2,8 @@
 
 Each notebook runs into the build folder with the given parameters; a failing notebook is
 reported and the batch goes on. The summary is written as summary.json (data) and
-summary.md (for people); the exit code is non-zero when any notebook failed.
+summary.md (for people); the exit code is non-zero when any notebook failed or any claim
+failed (`--allow-failed-claims` to explore without failing on claims).
 """
 from __future__ import annotations
 
@@ -109,7 +110,9 @@ def _batch_kernel_manager():
         transport = CaselessStrEnum(["tcp", "ipc"], default_value="tcp" if os.name == "nt" else "ipc", config=True)
 
         async def start_kernel(self, **kw):
-            kw["env"] = {**(kw.get("env") or os.environ), "TQDM_DISABLE": "1"}
+            env = {**(kw.get("env") or os.environ), "TQDM_DISABLE": "1"}
+            env.pop("LABKIT_CLAIMS_STRICT", None)  # a batch records every claim; its exit code reports failures
+            kw["env"] = env
             swap = "import tqdm.auto, tqdm.std; tqdm.auto.tqdm, tqdm.auto.trange = tqdm.std.tqdm, tqdm.std.trange"
             kw["extra_arguments"] = [*(kw.get("extra_arguments") or []), f"--IPKernelApp.exec_lines={[swap]!r}"]
             return await super().start_kernel(**kw)
@@ -189,13 +192,18 @@ def write_summary(entries: list[dict], out_dir: Path, parameters: dict, facts: d
     if m:
         lines.append(f"Machine: {m.get('GPU', 'no GPU')} / {m.get('CPU', '?')}; torch {m.get('torch', '?')}, "
                      f"triton {m.get('triton', '?')}; quick mode {facts.get('quick')}; finished {facts.get('finished')}")
-    lines += ["", "| notebook | status | seconds | claims held / differ / failed / skipped | error |",
+    lines += ["", "| notebook | status | seconds | claims held / differ / failed / inconclusive / skipped | error |",
               "|---|---|---|---|---|"]
     for e in entries:
-        k = e.get("claim_counts") or claims_mod.tally({})
-        counts = f"{k['held']} / {k['differs']} / {k['failed']} / {k['skipped']}"
+        k = {**claims_mod.tally({}), **(e.get("claim_counts") or {})}
+        counts = " / ".join(str(k[s]) for s in claims_mod.STATUSES)
         lines.append(f"| {Path(e['notebook']).name} | {e['status']} | {e['duration_s']:.1f} | {counts} "
                      f"| {_cell(e['error'] or '')[:300]} |")
+    failed = failed_claims(entries)
+    if failed:
+        lines += ["", "## Failed claims", "", "| notebook | claim | measured | why |", "|---|---|---|---|"]
+        lines += [f"| {nb} | {c['name']} | {_cell(claims_mod._measured_text(c.get('figures', {})))} "
+                  f"| {_cell(c.get('note', ''))[:300]} |" for nb, c in failed]
     for e in entries:
         if e.get("claims"):
             lines += ["", f"## {Path(e['notebook']).name}: claims", "", "| claim | verdict | measured | why |",
@@ -208,6 +216,12 @@ def write_summary(entries: list[dict], out_dir: Path, parameters: dict, facts: d
             lines += ["", f"## {Path(e['notebook']).name}: figures", "", "| figure | value | unit |", "|---|---|---|"]
             lines += [f"| {f['name']} | {fmt_value(f['value'])} | {f['unit']} |" for f in e["figures"].values()]
     (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def failed_claims(entries: list[dict], statuses: tuple[str, ...] = (claims_mod.FAILED,)) -> list[tuple[str, dict]]:
+    """(notebook file name, claim entry) of every claim whose verdict is in `statuses`, in run order."""
+    return [(Path(e["notebook"]).name, c) for e in entries for c in (e.get("claims") or {}).values()
+            if c.get("status") in statuses]
 
 
 def save_reference(out_dir: Path, entries: list[dict], root: Path | None = None) -> Path:
@@ -255,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard", metavar="K/N", help="run only shard K of N: notebooks dealt longest first by "
                     "their recorded GPU durations (see `labkit shard`)")
     ap.add_argument("--durations", type=Path, help="durations file for --shard (default: this GPU's in .ci/durations/)")
+    ap.add_argument("--allow-failed-claims", action="store_true",
+                    help="exit 0 even when a claim failed (for exploring); failed notebooks still fail the run")
     args = ap.parse_args(argv)
 
     notebooks = args.notebooks or default_notebooks()
@@ -298,8 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     write_summary(entries, args.output, parameters, {**run_facts(parameters), "shard": args.shard})
     failed = sum(e["status"] != "ok" for e in entries)
     k = claims_mod.tally({f"{i}:{n}": c for i, e in enumerate(entries) for n, c in e["claims"].items()})
-    print(f"{len(entries) - failed} ok, {failed} failed; claims: {k['held']} held, {k['differs']} differ (explained), "
-          f"{k['failed']} failed, {k['skipped']} skipped; summary in {args.output / 'summary.md'}")
+    print(f"{len(entries) - failed} ok, {failed} failed; claims: {k['held']} held, {k['differs']} differ (diagnosed), "
+          f"{k['failed']} failed, {k['inconclusive']} inconclusive, {k['skipped']} skipped; "
+          f"summary in {args.output / 'summary.md'}")
+    for nb, c in failed_claims(entries):
+        print(f"FAILED CLAIM  {nb}: {c['name']}: expected {c.get('expected')}; {c.get('note', '')}"[:400])
     if args.reference:
         print(f"reference run saved in {save_reference(args.output, entries)}")
+    if k["failed"] and not args.allow_failed_claims:
+        print(f"{k['failed']} claim(s) failed: the run fails (--allow-failed-claims to explore without failing)")
+        return 1
     return 1 if failed else 0

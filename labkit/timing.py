@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 import torch
 
 from labkit.device import current
+from labkit.stats import Samples, quantile
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,14 @@ class Timing:
         """(p80 - p20) / median: 0.05 means the middle 60% of samples lie within 5%."""
         return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else 0.0
 
+    def as_samples(self) -> Samples:
+        """The samples (ms) as `labkit.Samples`, which claims resample (labkit.stats)."""
+        return Samples.of(self.samples or [self.median_ms])
+
+    def map(self, f: Callable[[float], float]) -> Samples:
+        """Every sample in another unit, e.g. `t.map(lambda ms: labkit.gbps(nbytes, ms))` for GB/s."""
+        return self.as_samples().map(f)
+
     def __str__(self) -> str:
         return (f"{format_ms(self.median_ms)} (p20-p80 {format_ms(self.p20_ms)}-{format_ms(self.p80_ms)}, "
                 f"n={self.n})")
@@ -46,21 +55,11 @@ def format_ms(ms: float) -> str:
     return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.3f} ms"
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    if len(xs) == 1:
-        return xs[0]
-    pos = q * (len(xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def summarize(samples: list[float]) -> Timing:
     """A `Timing` from raw per-call samples in milliseconds."""
     if not samples:
         raise ValueError("no samples to summarize")
-    return Timing(statistics.median(samples), _quantile(samples, 0.2), _quantile(samples, 0.8),
+    return Timing(statistics.median(samples), quantile(samples, 0.2), quantile(samples, 0.8),
                   len(samples), list(samples))
 
 

@@ -1,0 +1,176 @@
+"""The course's statistics, decided once: repeated samples, their spread, and when a timed claim is decided.
+
+- A figure measured more than once is a `Samples` (a `labkit.Timing` is one, in ms; `Timing.map` turns it into
+  GB/s, TFLOP/s, ...). Its value is the median; its spread the 20th to 80th percentile range.
+- A claim decided by such figures is resampled (the bootstrap): `DRAWS` times, each figure's samples are drawn
+  again with replacement and their median taken, and the claim's test is applied to those medians. It is
+  decided when at least `AGREE` of the draws give the answer the medians give; in between the spread cannot
+  decide it and the verdict is INCONCLUSIVE. The draws are seeded by the claim's name: the same samples give
+  the same verdict.
+- A sampled figure needs at least `MIN_SAMPLES` samples; with fewer, a claim it decides is INCONCLUSIVE.
+- The host is busy when processes other than this one and its children took more than `BUSY_SHARE` of the
+  machine's CPU time since the previous claim (Linux's /proc). A timed claim that does not hold on a busy host
+  is INCONCLUSIVE and says so: a loaded machine is noise, not a cause.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+
+DRAWS = 1000
+AGREE = 0.95
+MIN_SAMPLES = 5
+BUSY_SHARE = 0.25
+
+
+def quantile(xs: Iterable[float], q: float) -> float:
+    """The q-quantile of `xs`, interpolated between the two nearest samples."""
+    xs = sorted(xs)
+    if not xs:
+        raise ValueError("no samples")
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Repeated measurements of one quantity, in any unit: the median is its value, p20-p80 its spread."""
+
+    values: tuple[float, ...] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.values:
+            raise ValueError("Samples needs at least one value")
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in self.values):
+            raise ValueError("Samples takes finite numbers only")
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> "Samples":
+        return cls(tuple(float(v.item() if hasattr(v, "item") else v) for v in values))
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def p20(self) -> float:
+        return quantile(self.values, 0.2)
+
+    @property
+    def p80(self) -> float:
+        return quantile(self.values, 0.8)
+
+    @property
+    def spread(self) -> float:
+        """(p80 - p20) / |median|: 0.05 means the middle 60% of samples lie within 5%."""
+        m = abs(self.median)
+        return (self.p80 - self.p20) / m if m > 0 else 0.0
+
+    def map(self, f: Callable[[float], float]) -> "Samples":
+        """The same samples in another unit, e.g. `t.map(lambda ms: labkit.gbps(nbytes, ms))`."""
+        return Samples.of(f(v) for v in self.values)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A test applied to figures that may carry samples: the answer at the medians and how firm it is."""
+
+    at_medians: bool
+    agree: float | None  # share of bootstrap draws that give the same answer (None: no sampled figure)
+    too_few: tuple[str, ...] = ()  # sampled figures with fewer than MIN_SAMPLES samples
+
+    @property
+    def decided(self) -> bool:
+        return not self.too_few and (self.agree is None or self.agree >= AGREE)
+
+
+def decide(test: Callable[[Mapping[str, object]], object], values: Mapping[str, object],
+           samples: Mapping[str, Samples], seed: str, invert: bool = False) -> Decision:
+    """Apply `test` to the medians, then to `DRAWS` bootstrap medians of the sampled figures."""
+    def run(v: Mapping[str, object]) -> bool:
+        out = test(v)
+        out = bool(out.item()) if hasattr(out, "item") else out
+        if not isinstance(out, bool):
+            raise TypeError(f"a claim's test must return True or False, not {type(out).__name__}")
+        return out != invert
+
+    first = run(values)
+    if not samples:
+        return Decision(first, None)
+    too_few = tuple(k for k, s in samples.items() if s.n < MIN_SAMPLES)
+    rng = np.random.default_rng(zlib.crc32(seed.encode()))
+    drawn = {k: np.median(rng.choice(np.asarray(s.values), size=(DRAWS, s.n)), axis=1) for k, s in samples.items()}
+    same = sum(run({**values, **{k: float(d[i]) for k, d in drawn.items()}}) == first for i in range(DRAWS))
+    return Decision(first, same / DRAWS, too_few)
+
+
+def _clock_ticks() -> int:
+    try:
+        return os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError, AttributeError):
+        return 100
+
+
+def _machine_busy_ticks() -> int | None:
+    """Ticks every CPU of the machine spent busy since boot (all processes), or None without /proc."""
+    try:
+        with open("/proc/stat") as f:
+            parts = f.readline().split()
+    except OSError:
+        return None
+    ticks = [int(x) for x in parts[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(ticks) - ticks[3] - ticks[4]
+
+
+def _own_ticks() -> int:
+    """Ticks used by this process (all its threads), its reaped children, and its living descendants."""
+    from labkit import proctree
+
+    me = os.getpid()
+    total = 0
+    for pid in [me, *proctree.below(me)]:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2:].split()
+        used = int(fields[11]) + int(fields[12])  # utime stime
+        if pid == me:
+            used += int(fields[13]) + int(fields[14])  # cutime cstime: children already waited for
+        total += used
+    return total
+
+
+class HostLoad:
+    """How much of the machine's CPU other processes used between two readings (Linux; None elsewhere)."""
+
+    def __init__(self) -> None:
+        self.wall, self.machine, self.own = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, int | None, int]:
+        return time.monotonic(), _machine_busy_ticks(), _own_ticks()
+
+    def others_share(self) -> float | None:
+        """Share of all CPUs' time since the last reading used by other processes; starts a new reading."""
+        wall, machine, own = self._read()
+        share = None
+        if self.machine is not None and machine is not None and wall - self.wall > 0.05:
+            capacity = (wall - self.wall) * _clock_ticks() * (os.cpu_count() or 1)
+            share = max(0.0, ((machine - self.machine) - (own - self.own)) / capacity)
+        self.wall, self.machine, self.own = wall, machine, own
+        return share

@@ -1,0 +1,113 @@
+"""Every claim in the course can fail: read statically from the notebooks, and by running them with every claim's
+test inverted (LABKIT_CLAIMS_INVERT=1), where each must then fail unless a diagnosis that holds here explains it."""
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit import claims, nbio, reference, runner
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = runner.default_notebooks()
+
+
+def _calls(path: Path, names: tuple[str, ...]) -> list[ast.Call]:
+    """Calls of labkit.<name>(...) (or <name>(...)) in a notebook's code cells."""
+    found = []
+    for i, cell in enumerate(nbio.read(path)["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"])
+        src = "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in src.splitlines())
+        try:
+            tree = ast.parse(src)
+        except SyntaxError as exc:  # a notebook whose code does not parse fails its own tests
+            pytest.fail(f"{path.name} cell {i}: {exc}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+                if name in names:
+                    found.append(node)
+    return found
+
+
+def _arg(call: ast.Call, position: int, keyword: str) -> ast.AST | None:
+    if len(call.args) > position:
+        return call.args[position]
+    return next((k.value for k in call.keywords if k.arg == keyword), None)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_claim_is_decided_by_a_constant_or_excused_in_words(path):
+    problems = []
+    for call in _calls(path, ("claim",)):
+        where = f"{path.name} line {call.lineno}"
+        if any(k.arg == "otherwise" for k in call.keywords):
+            problems.append(f"{where}: otherwise= (an excuse in words; a miss needs a measured diagnosis)")
+        holds = _arg(call, 2, "holds")
+        if isinstance(holds, ast.Constant) and holds.value is not None:
+            problems.append(f"{where}: holds={holds.value!r} is a constant, so the claim cannot fail")
+    for call in _calls(path, ("diagnosis",)):
+        holds = _arg(call, 2, "holds")
+        if isinstance(holds, ast.Constant):
+            problems.append(f"{path.name} line {call.lineno}: a diagnosis whose check is the constant "
+                            f"{holds.value!r} explains nothing")
+    assert not problems, "\n".join(problems)
+
+
+def _inverted_run(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("inverted")
+    env = {k: v for k, v in os.environ.items() if k != "LABKIT_CLAIMS_STRICT"}
+    env.update(LABKIT_CLAIMS_INVERT="1", LABKIT_QUICK="1", MPLBACKEND="Agg")
+    done = subprocess.run([sys.executable, "-m", "labkit.cli", "run", "-o", str(out), "--allow-failed-claims",
+                           *map(str, NOTEBOOKS)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert (out / "summary.json").exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def inverted(tmp_path_factory) -> dict:
+    return _inverted_run(tmp_path_factory)
+
+
+def test_every_claim_fails_when_its_test_is_inverted(inverted):
+    broken = [f"{Path(e['notebook']).name}: {e['error']}" for e in inverted["notebooks"] if e["status"] != "ok"]
+    assert not broken, "notebooks that broke with inverted claims:\n" + "\n".join(broken)
+    entries = [(Path(e["notebook"]).stem, c) for e in inverted["notebooks"] for c in e["claims"].values()]
+    assert entries and all(c.get("inverted") for _, c in entries if c["status"] != "skipped")
+    counts = claims.tally({f"{nb}:{c['name']}": c for nb, c in entries})
+    rescued = [f"  {nb}: {c['name']} <- {c['note']}" for nb, c in entries if c["status"] == claims.DIFFERS]
+    undecided = [f"  {nb}: {c['name']} ({c['note']})" for nb, c in entries if c["status"] == claims.INCONCLUSIVE]
+    print(f"\ninverted claims (quick mode, this machine): {counts}")
+    print("rescued by a diagnosis that holds here (review them):\n" + "\n".join(rescued or ["  none"]))
+    print("inconclusive (noise here):\n" + "\n".join(undecided or ["  none"]))
+    cannot_fail = [f"{nb}: {c['name']}" for nb, c in entries if c["status"] == claims.HELD]
+    assert not cannot_fail, f"{len(cannot_fail)} claim(s) held with their test inverted:\n" + "\n".join(cannot_fail)
+
+
+def test_no_diagnosis_holds_on_every_machine(inverted):
+    """A diagnosis true on the CPU run here and on every committed GPU reference is a constant, not a cause."""
+    seen: dict[tuple[str, str, str], list[bool]] = {}
+
+    def add(summary: dict) -> None:
+        for e in summary.get("notebooks", []):
+            for c in (e.get("claims") or {}).values():
+                for d in c.get("diagnoses") or []:
+                    seen.setdefault((Path(e["notebook"]).stem, c["name"], d["name"]), []).append(bool(d["holds"]))
+
+    add(inverted)
+    machines = 1
+    for folder in reference.runs():
+        summary = json.loads((folder / "summary.json").read_text())
+        if any(c.get("diagnoses") for e in summary.get("notebooks", []) for c in (e.get("claims") or {}).values()):
+            add(summary)
+            machines += 1
+    constant = [f"{nb}: {claim} / {d} (held on all {len(v)} machines)" for (nb, claim, d), v in seen.items()
+                if len(v) >= 2 and all(v)]
+    print(f"\ndiagnoses seen on {machines} machine(s): {len(seen)}")
+    assert not constant, "diagnoses that hold everywhere explain nothing:\n" + "\n".join(constant)
