@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Set up and start the course, or run its tests: the two commands the README opens with.
 
-    python3 course.py start        # install into .venv, serve the course in JupyterLab, open its index
-    python3 course.py test         # install into .venv, run unit tests + every notebook (nbval)
-    python3 course.py test --full  # the same at full problem sizes (on a GPU host)
+    python3 course.py start           # install into .venv, serve the course in JupyterLab, open its index
+    python3 course.py test            # install into .venv, run unit tests + every notebook (nbval)
+    python3 course.py test --full     # the same at full problem sizes (on a GPU host)
+    python3 course.py test --latest   # the newest versions pyproject.toml allows, in .venv-latest (drift check)
 
-If the running Python already has everything the course needs (a GPU host with its own
-torch and the notebook tools on PYTHONPATH), it is used as it is and nothing is installed.
+.venv gets exactly the locked versions: every package in locks/course.txt (with hashes), and PyTorch and
+Triton as the pair in locks/torch.toml (a GPU host keeps the PyTorch it has). `--unlocked` installs the newest
+versions pyproject.toml allows instead. If the running Python already has everything the course needs (a GPU
+host with its own torch and the notebook tools on PYTHONPATH), it is used as it is and nothing is installed.
 """
 from __future__ import annotations
 
@@ -17,16 +20,28 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
 import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
-TORCH_TESTED = "torch==2.13.0"  # installed only where no torch is present
+LATEST_VENV = ROOT / ".venv-latest"
+LOCK = ROOT / "locks" / "course.txt"
+TORCH_PAIRS = ROOT / "locks" / "torch.toml"
 NEEDED = ["torch", "numpy", "matplotlib", "ipykernel", "ipywidgets", "nbval", "papermill", "tqdm", "pytest"]
 if sys.platform.startswith("linux"):
     NEEDED.append("triton")
 NOTEBOOK_DIRS = ["notebooks", "solutions", "exercises"]
+
+
+class SetupError(RuntimeError):
+    """Installing the course failed: the message says what to do."""
+
+
+def torch_pair(kind: str) -> dict[str, str]:
+    """{"torch": ..., "triton": ...}: the pair locks/torch.toml pins for 'cpu' or 'cuda' machines."""
+    return tomllib.loads(TORCH_PAIRS.read_text())[kind]
 
 
 def has_everything(python: str, extra: list[str]) -> bool:
@@ -34,29 +49,79 @@ def has_everything(python: str, extra: list[str]) -> bool:
     return subprocess.run([python, "-c", code, *NEEDED, *extra], cwd=ROOT).returncode == 0
 
 
-def venv_python() -> str:
-    return str(VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
+def venv_python(where: Path = VENV) -> str:
+    return str(where / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
 
 
-def ensure_env(extra: list[str]) -> str:
-    """The Python to run the course with, installing into .venv only what is missing."""
-    if has_everything(sys.executable, extra):
+def _pip(py: str, *args: str, what: str) -> None:
+    cmd = [py, "-m", "pip", "install", "--disable-pip-version-check", "-q", *args]
+    if subprocess.run(cmd).returncode != 0:
+        raise SetupError(f"installing {what} failed (pip's message is above). Check the network or the package "
+                         f"index, then run the same command again; `{' '.join(cmd[1:])}` is what failed.")
+
+
+def installed_versions(py: str, names: list[str]) -> dict[str, str | None]:
+    """name -> installed version (None where missing), as the Python `py` sees them."""
+    code = ("import json, sys\nfrom importlib.metadata import version, PackageNotFoundError\nout = {}\n"
+            "for n in sys.argv[1:]:\n    try: out[n] = version(n)\n    except PackageNotFoundError: out[n] = None\n"
+            "print(json.dumps(out))")
+    done = subprocess.run([py, "-c", code, *names], capture_output=True, text=True)
+    return json.loads(done.stdout) if done.returncode == 0 else dict.fromkeys(names)
+
+
+def _stamp_of(*paths: Path) -> str:
+    return hashlib.sha1(b"".join(p.read_bytes() for p in paths)).hexdigest()
+
+
+def install_locked(py: str) -> dict:
+    """Install the locked versions into the venv of `py`; return what was installed (the stamp's record)."""
+    have = installed_versions(py, ["torch", "triton"])
+    record = {"lock": _stamp_of(ROOT / "pyproject.toml", LOCK, TORCH_PAIRS), "torch_from": "this machine"}
+    if have["torch"] is None:
+        pair = torch_pair("cpu")
+        wanted = [f"torch=={pair['torch']}"] + ([f"triton=={pair['triton']}"] if sys.platform.startswith("linux") else [])
+        print(f"course: installing {' and '.join(wanted)} (locks/torch.toml)")
+        _pip(py, *wanted, what="PyTorch")
+        record["torch_from"] = "cpu"
+    print("course: installing the locked notebook tools (locks/course.txt; a minute or two the first time)")
+    _pip(py, "--require-hashes", "--no-deps", "-r", str(LOCK), what="the locked packages")
+    _pip(py, "--no-deps", "--no-build-isolation", "-e", str(ROOT), what="labkit")
+    return record
+
+
+def install_unlocked(py: str, upgrade: bool) -> dict:
+    """Install the newest versions pyproject.toml allows (for --unlocked and --latest)."""
+    print("course: installing the newest versions pyproject.toml allows (not the lock)")
+    _pip(py, *(["--upgrade", "--upgrade-strategy", "eager"] if upgrade else []), "-e", f"{ROOT}[dev]",
+         what="labkit and its dependencies")
+    return {"lock": "unlocked " + _stamp_of(ROOT / "pyproject.toml"), "torch_from": "newest allowed"}
+
+
+def show_versions(py: str) -> None:
+    v = installed_versions(py, ["torch", "triton", "jupyterlab", "nbval", "papermill"])
+    print("course: using " + ", ".join(f"{k} {v[k] or 'not installed'}" for k in v))
+
+
+def ensure_env(extra: list[str], unlocked: bool = False, where: Path = VENV, upgrade: bool = False) -> str:
+    """The Python to run the course with, installing into `where` what the lock (or --unlocked) says."""
+    if where == VENV and not unlocked and has_everything(sys.executable, extra):
         return sys.executable
-    if not Path(venv_python()).exists():
-        print(f"course: creating {VENV} (it sees this Python's packages, so a GPU build of torch is reused)")
-        venv.EnvBuilder(with_pip=True, system_site_packages=True).create(VENV)
-    py = venv_python()
-    stamp = VENV / ".installed"
-    wanted = hashlib.sha1((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    if stamp.exists() and stamp.read_text() == wanted and has_everything(py, extra):
+    if not Path(venv_python(where)).exists():
+        print(f"course: creating {where} (it sees this Python's packages, so a GPU build of torch is reused)")
+        venv.EnvBuilder(with_pip=True, system_site_packages=where == VENV).create(where)
+    py = venv_python(where)
+    stamp = where / ".installed"
+    wanted = "unlocked " + _stamp_of(ROOT / "pyproject.toml") if unlocked else _stamp_of(
+        ROOT / "pyproject.toml", LOCK, TORCH_PAIRS)
+    try:
+        done = json.loads(stamp.read_text()) if stamp.exists() else {}
+    except ValueError:
+        done = {}
+    if done.get("lock") == wanted and not upgrade and has_everything(py, extra):
         return py
-    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    if subprocess.run([py, "-c", "import torch"], capture_output=True).returncode != 0:
-        print(f"course: installing {TORCH_TESTED}")
-        subprocess.run([*pip, TORCH_TESTED], check=True)
-    print("course: installing labkit and the notebook tools (a minute or two the first time)")
-    subprocess.run([*pip, "-e", str(ROOT)], check=True)
-    stamp.write_text(wanted)
+    record = install_unlocked(py, upgrade) if unlocked else install_locked(py)
+    stamp.write_text(json.dumps(record))
+    show_versions(py)
     return py
 
 
@@ -71,12 +136,15 @@ def run_env(full: bool) -> dict[str, str]:
 
 
 def test(args: argparse.Namespace) -> int:
-    py = ensure_env([])
+    if args.latest:
+        py = ensure_env([], unlocked=True, where=LATEST_VENV, upgrade=True)
+    else:
+        py = ensure_env([], unlocked=args.unlocked)
     chosen = [a for a in args.pytest_args if not a.startswith("-")]
     options = [a for a in args.pytest_args if a.startswith("-")]
     paths = chosen or ["tests"] + [d for d in NOTEBOOK_DIRS if any((ROOT / d).glob("*.ipynb"))]
     cmd = [py, "-m", "pytest", *paths, "--nbval-lax", "--nbval-current-env",
-           f"--nbval-cell-timeout={3600 if args.full else 600}", "-p", "no:cacheprovider", *options]
+           f"--nbval-cell-timeout={3600 if args.full else 600}", "-p", "no:cacheprovider", "-rs", *options]
     print("course:", " ".join(cmd[1:]))
     return subprocess.run(cmd, cwd=ROOT, env=run_env(args.full)).returncode
 
@@ -92,23 +160,48 @@ def jupyter_command(py: str, extra: list[str], is_root: bool) -> list[str]:
     return cmd
 
 
-def _server_url(py: str, pid: int, proc: subprocess.Popen, wait_s: float = 120) -> str | None:
-    """The URL (with its token) of the JupyterLab started as `pid`, read from its runtime file once it is up."""
+def _runtime_dir(py: str) -> Path:
     out = subprocess.run([py, "-c", "from jupyter_core.paths import jupyter_runtime_dir as d; print(d())"],
                          capture_output=True, text=True)
-    info_file = Path(out.stdout.strip()) / f"jpserver-{pid}.json"
+    return Path(out.stdout.strip())
+
+
+def _course_url(info: dict) -> str:
+    return f"{info['url'].rstrip('/')}/lab/tree/{INDEX}?token={info['token']}"
+
+
+def running_server(py: str) -> str | None:
+    """The address of a JupyterLab already serving this course (started by course.py start), if one runs."""
+    for path in sorted(_runtime_dir(py).glob("jpserver-*.json")):
+        try:
+            info = json.loads(path.read_text())
+            os.kill(int(info["pid"]), 0)  # raises when that server is gone (a stale file)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if Path(info.get("root_dir", "")).resolve() == ROOT:
+            return _course_url(info)
+    return None
+
+
+def _server_url(py: str, pid: int, proc: subprocess.Popen, wait_s: float = 120) -> str | None:
+    """The URL (with its token) of the JupyterLab started as `pid`, read from its runtime file once it is up."""
+    info_file = _runtime_dir(py) / f"jpserver-{pid}.json"
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            info = json.loads(info_file.read_text())
-            return f"{info['url'].rstrip('/')}/lab/tree/{INDEX}?token={info['token']}"
+            return _course_url(json.loads(info_file.read_text()))
         except (OSError, ValueError, KeyError):
             time.sleep(0.5)
     return None
 
 
 def start(args: argparse.Namespace) -> int:
-    py = ensure_env(["jupyterlab"])
+    py = ensure_env(["jupyterlab"], unlocked=args.unlocked)
+    already = None if args.new_server else running_server(py)
+    if already:
+        print(f"course: JupyterLab is already serving this course; open:\n\n    {already}\n\n"
+              "course: (stop it with Ctrl-C where it runs, or pass --new-server to start another one)")
+        return 0
     env = run_env(full=False)
     env.pop("LABKIT_QUICK")  # let labkit choose: quick without a GPU, full size with one
     env.pop("MPLBACKEND", None)  # inline plots
@@ -132,18 +225,32 @@ def start(args: argparse.Namespace) -> int:
             proc.terminate()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     t = sub.add_parser("test", help="run the unit tests and execute every notebook with nbval")
     t.add_argument("--full", action="store_true", help="full problem sizes (for a GPU host)")
+    t.add_argument("--latest", action="store_true",
+                   help="test the newest versions pyproject.toml allows, in .venv-latest (to see drift early)")
     t.add_argument("pytest_args", nargs="*",
                    help="after --: paths to test instead of all (e.g. tests notebooks/02_transfer_cost.ipynb) "
                         "and pytest options")
     s = sub.add_parser("start", help="open the course in JupyterLab")
+    s.add_argument("--new-server", action="store_true", help="start another JupyterLab even if one serves the course")
     s.add_argument("jupyter_args", nargs="*", help="passed on to jupyter lab (after --)")
-    args = ap.parse_args()
-    return test(args) if args.command == "test" else start(args)
+    for p in (t, s):
+        p.add_argument("--unlocked", action="store_true",
+                       help="install the newest versions pyproject.toml allows instead of the locked ones")
+    args = ap.parse_args(argv)
+    try:
+        return test(args) if args.command == "test" else start(args)
+    except KeyboardInterrupt:
+        print("\ncourse: stopped (Ctrl-C). Run the same command again to carry on; nothing was lost.",
+              file=sys.stderr)
+        return 130
+    except SetupError as exc:
+        print(f"course: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

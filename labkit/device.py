@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -80,7 +81,11 @@ def _device_param(device: object) -> str | torch.device | None:
     if device is None or isinstance(device, torch.device):
         return device
     if isinstance(device, str):
-        return None if device.strip().lower() in ("", "none", "null", "auto") else device.strip()
+        name = device.strip().lower()
+        if name in ("", "none", "null", "auto"):
+            return None
+        if re.fullmatch(r"cpu|cuda(:\d+)?", name):
+            return name
     raise ValueError(f"parameter device={device!r} is not a device name: use 'cuda', 'cuda:1' or 'cpu' "
                      f"(or None to let labkit choose).")
 
@@ -151,9 +156,11 @@ def _fix_old_triton_interpreter() -> None:
         from importlib.metadata import version
         if tuple(int(p) for p in version("triton").split(".")[:2]) >= (3, 7):
             return
-        from triton.runtime import interpreter
-    except Exception:  # no triton, or one laid out differently: nothing to mend
+    except Exception:  # no triton: nothing to mend
         return
+    from labkit import compat
+
+    interpreter = compat.triton_interpreter()
     original = getattr(interpreter, "_patch_lang_tensor", None)
     if original is None or getattr(original, "labkit_fixed", False):
         return
@@ -171,9 +178,11 @@ def _fix_interpreter_bf16_rounding() -> None:
     """Triton's interpreter casts fp32 to bf16 by dropping bits (round toward zero), so about a quarter
     of bf16 results were one unit in the last place below what a GPU (round to nearest even) gives.
     Cast with PyTorch's round-to-nearest-even instead, so interpreted kernels round as GPU kernels do."""
+    from labkit import compat
+
+    interpreter = compat.triton_interpreter()
     try:
         import numpy as np
-        from triton.runtime import interpreter
         import triton.language as tl
     except Exception:  # no triton: nothing to mend
         return

@@ -21,6 +21,22 @@ def runs(root: Path = ROOT) -> list[Path]:
     return sorted((p.parent for p in root.glob("*/summary.json")), reverse=True)
 
 
+def by_notebook(root: Path = ROOT) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """notebook stem -> (its entry, its run's summary), from every reference run that holds it: a run on one
+    GPU before one on several, then the newest (a multi-GPU folder may hold a single notebook)."""
+    found: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for run in runs(root):
+        summary = load(run)
+        rank = (gpu_count(summary.get("machine", {})), str(summary.get("finished", "")))
+        for entry in summary.get("notebooks", []):
+            stem = Path(entry["notebook"]).stem
+            old = found.get(stem)
+            if old is None or rank[0] < gpu_count(old[1].get("machine", {})) or (
+                    rank[0] == gpu_count(old[1].get("machine", {})) and rank[1] > str(old[1].get("finished", ""))):
+                found[stem] = (entry, summary)
+    return found
+
+
 def load(run: Path) -> dict[str, Any]:
     """A reference run's summary as data."""
     return json.loads((run / "summary.json").read_text())

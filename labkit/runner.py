@@ -64,7 +64,11 @@ def check_parameters(parameters: dict, notebooks: list[Path]) -> dict[Path, dict
         if name == "quick":
             parse_flag("quick", value)
         elif name == "device":
-            _device_param(value)
+            from labkit.device import choose_device
+            try:
+                choose_device(value)  # a GPU asked for where PyTorch sees none is refused here, not in cell 3
+            except RuntimeError as exc:
+                raise ValueError(f"parameter device={value!r}: {exc}") from None
         else:
             defaults = {d[name] for d in declared.values() if name in d and isinstance(d[name], (bool, int, float, str))}
             for default in defaults:

@@ -57,6 +57,47 @@ def restore_global_state():
         mod._patch_lang_tensor = hook if hook is not None else now
 
 
+# --- tools a machine may lack: one rule everywhere ---
+# A test of something a tool provides (the sandbox, a browser, nvcc) is skipped where the tool is missing, with the
+# reason in the summary (course.py test passes -rs). A test that only needs the grader to run (its logic, its
+# scores) runs everywhere: inside bubblewrap where it can sandbox here, else with the grader's explicit fallback
+# --unsafe-no-sandbox, which the run's header names.
+_sandbox_problem: list = []
+
+
+def sandbox_problem() -> str | None:
+    """Why bubblewrap cannot sandbox the grader on this machine (None: it can); checked once per run."""
+    if not _sandbox_problem:
+        from labkit.grading import sandbox
+        _sandbox_problem.append(sandbox.problem())
+    return _sandbox_problem[0]
+
+
+@pytest.fixture(scope="session")
+def grader_sandbox_flags() -> list[str]:
+    """The flags every test that runs `labkit grade` passes: none with a sandbox, else the explicit fallback."""
+    return [] if sandbox_problem() is None else ["--unsafe-no-sandbox"]
+
+
+def pytest_report_header(config) -> str:
+    why = sandbox_problem()
+    return ("grader tests: inside the bubblewrap sandbox" if why is None else
+            f"grader tests: without a sandbox (--unsafe-no-sandbox), and its own tests skipped: {why.split(':')[0]}")
+
+
+# --- what is committed, not what a student's JupyterLab saved over it ---
+def committed_text(path) -> str:
+    """A file as git's index holds it (what a commit would contain), else as it is on disk (not a checkout, or
+    untracked): running the notebooks in JupyterLab saves outputs into the work tree, and the tests that check
+    committed notebooks must not fail on a student's checkout for that."""
+    import subprocess
+    from pathlib import Path
+
+    path = Path(path).resolve()
+    done = subprocess.run(["git", "show", f":./{path.name}"], cwd=path.parent, capture_output=True, text=True)
+    return done.stdout if done.returncode == 0 else path.read_text()
+
+
 # --- Triton kernel tests (labkit/kernels) ---
 # bf16 keeps 8 significant bits: rounded to nearest, a result is within 2^-9 (0.2%) of exact; fp32 math inside a
 # kernel adds a little. (Triton's interpreter truncated instead, one unit low in a quarter of elements; setup() fixes it.)

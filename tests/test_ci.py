@@ -45,6 +45,12 @@ def test_cpu_job_runs_the_readme_command_on_a_hosted_runner():
     assert "python3 course.py test" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_a_drift_job_tests_the_newest_allowed_versions_without_blocking():
+    jobs = [j for j in workflow()["jobs"].values() if "course.py test --latest" in runs(j)]
+    assert len(jobs) == 1 and jobs[0].get("continue-on-error") is True
+    assert "--latest" in (ROOT / "course.py").read_text()
+
+
 def test_gpu_jobs_run_on_a_gpu_runner_never_for_forks_and_call_ci_gpu():
     gpu_jobs = {n: j for n, j in workflow()["jobs"].items() if ".ci/gpu" in runs(j)}
     assert gpu_jobs

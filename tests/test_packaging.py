@@ -1,21 +1,51 @@
-"""pyproject.toml and environment.yml install the same packages at the same versions, and both parse."""
+"""pyproject.toml, the locks and environment.yml agree; a venv course.py made holds exactly the locked versions."""
+import json
 import re
-import subprocess
 import sys
 import tomllib
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
+from packaging.markers import default_environment
 from packaging.requirements import Requirement
-from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
-CONDA_NAMES = {"pytorch": "torch"}  # conda-forge name -> PyPI name
+LOCKS = ROOT / "locks"
+sys.path.insert(0, str(ROOT))
+import course  # noqa: E402  (the README's entry point, a script at the top of the course)
 
 
 def pip_requirements() -> dict[str, Requirement]:
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    return {Requirement(d).name.lower(): Requirement(d) for d in deps}
+    return {canonicalize_name(Requirement(d).name): Requirement(d) for d in deps}
+
+
+def lock_inputs(path: Path) -> dict[str, Requirement]:
+    """The requirements a lock's .in file names (following -r)."""
+    found = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith("-r "):
+            found.update(lock_inputs(path.parent / line[3:].strip()))
+        elif line:
+            req = Requirement(line)
+            found[canonicalize_name(req.name)] = req
+    return found
+
+
+def locked(path: Path, env: dict | None = None) -> dict[str, str]:
+    """name -> version a hashed lock pins for this interpreter and platform (markers evaluated)."""
+    env = env or default_environment()
+    out = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.-]+)==([^\s;\\]+)\s*(?:;\s*([^\\]+?))?\s*\\?$", line)
+        if m:
+            req = Requirement(f"{m.group(1)}=={m.group(2)}" + (f"; {m.group(3)}" if m.group(3) else ""))
+            if req.marker is None or req.marker.evaluate(env):
+                out[canonicalize_name(req.name)] = m.group(2)
+    return out
 
 
 def environment() -> dict:
@@ -23,68 +53,63 @@ def environment() -> dict:
     return yaml.safe_load((ROOT / "environment.yml").read_text())
 
 
-def conda_specs() -> dict[str, str]:
-    """name -> version spec (as conda reads 'name>=1.2' or 'name==1.2'), PyPI names."""
-    found = {}
-    for dep in environment()["dependencies"]:
-        if isinstance(dep, str):
-            m = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*(.*)", dep.strip())
-            found[CONDA_NAMES.get(m.group(1), m.group(1)).lower()] = m.group(2).replace(" ", "")
-    return found
-
-
-def pip_section() -> list[str]:
-    return next(d["pip"] for d in environment()["dependencies"] if isinstance(d, dict))
-
-
-def course_torch() -> str:
-    text = (ROOT / "course.py").read_text()
-    return re.search(r'TORCH_TESTED = "torch==([^"]+)"', text).group(1)
-
-
-def test_the_two_package_lists_agree():
-    conda = set(conda_specs()) - {"python", "pip"}
-    pip = set(pip_requirements()) - {"triton"}
-    assert conda == pip
-
-
-def test_versions_agree_not_only_names():
-    conda, pip = conda_specs(), pip_requirements()
+def test_the_lock_input_is_pyprojects_list_less_torch_and_triton_with_the_same_bounds():
+    pip, lock_in = pip_requirements(), lock_inputs(LOCKS / "course.in")
     for name, req in pip.items():
         if name in ("torch", "triton"):
+            assert name not in lock_in, f"{name} is pinned in locks/torch.toml, not locks/course.in"
             continue
-        assert SpecifierSet(conda[name]) == req.specifier, f"{name}: conda {conda[name]} vs pip {req.specifier}"
-    assert re.fullmatch(r"==\d+\.\d+\.\d+", conda["torch"]), "pin PyTorch in environment.yml"
-    assert conda["torch"] == f"=={course_torch()}", "environment.yml and course.py must pin the same torch"
-    assert course_torch() in pip["torch"].specifier  # pyproject accepts the tested torch
-    assert SpecifierSet(conda["python"]) == SpecifierSet(
-        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
+        assert name in lock_in, f"{name} is in pyproject.toml but not in locks/course.in"
+        assert lock_in[name].specifier == req.specifier, f"{name}: pyproject {req.specifier} vs lock {lock_in[name].specifier}"
+
+
+def test_every_locked_pin_has_a_hash_and_satisfies_pyproject():
+    text = (LOCKS / "course.txt").read_text()
+    blocks = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n", 1)[1])
+    for block in blocks:
+        if "==" in block.splitlines()[0]:
+            assert "--hash=sha256:" in block, f"no hash for {block.splitlines()[0]}"
+    pins = locked(LOCKS / "course.txt")
+    for name, req in pip_requirements().items():
+        if name not in ("torch", "triton"):
+            assert req.specifier.contains(pins[name]), f"the lock's {name} {pins[name]} is outside pyproject's {req}"
+
+
+@pytest.mark.parametrize("python", ["3.11", "3.12"])
+def test_the_conda_lock_is_the_course_lock_plus_the_cpu_pair(python):
+    env = {**default_environment(), "python_version": python, "python_full_version": f"{python}.0"}
+    course_pins, conda_pins = locked(LOCKS / "course.txt", env), locked(LOCKS / "conda.txt", env)
+    assert {k: v for k, v in conda_pins.items() if k in course_pins} == course_pins
+    pair = course.torch_pair("cpu")
+    assert conda_pins["torch"] == pair["torch"]
+    if env["platform_system"] == "Linux":
+        assert conda_pins["triton"] == pair["triton"]
+
+
+def test_torch_pairs_are_within_pyprojects_ranges():
+    pip = pip_requirements()
+    for kind in ("cpu", "cuda"):
+        pair = course.torch_pair(kind)
+        assert pip["torch"].specifier.contains(pair["torch"]) and pip["triton"].specifier.contains(pair["triton"])
+
+
+def test_environment_yml_installs_the_conda_lock_with_conda_forge_python_only():
+    env = environment()
+    assert env["channels"] == ["conda-forge"] and env["name"] == "gpu-course"
+    conda = [d for d in env["dependencies"] if isinstance(d, str)]
+    assert sorted(re.match(r"[a-z]+", d).group(0) for d in conda) == ["pip", "python"]
+    assert [d["pip"] for d in env["dependencies"] if isinstance(d, dict)] == [["-r locks/conda.txt"]]
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert next(d for d in conda if d.startswith("python")).replace("python", "") == requires
+    assert "pip install --no-deps -e ." in (ROOT / "README.md").read_text()
 
 
 def test_triton_only_where_it_exists():
     triton = pip_requirements()["triton"]
     assert triton.marker is not None
     assert triton.marker.evaluate({"platform_system": "Linux"})
-    assert not triton.marker.evaluate({"platform_system": "Darwin"}) and not triton.marker.evaluate(
-        {"platform_system": "Windows"})
-    assert "triton" not in conda_specs(), "conda-forge has no triton for macOS or Windows: leave it to pip's marker"
-
-
-def test_the_pip_section_is_a_valid_requirements_file(tmp_path):
-    """conda writes the pip: entries to a requirements file and runs pip in this folder; so does this test."""
-    lines = pip_section()
-    assert lines == ["-e ."], lines
-    req = tmp_path / "requirements.txt"
-    req.write_text("\n".join(lines) + "\n")
-    out = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-build-isolation",
-                          "--no-index", "-q", "-r", str(req)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-
-
-def test_conda_environment_uses_conda_forge_only():
-    env = environment()
-    assert env["channels"] == ["conda-forge"] and env["name"] == "gpu-course"
-    assert "defaults" not in (ROOT / "environment.yml").read_text()
+    assert not triton.marker.evaluate({"platform_system": "Darwin"})
+    assert not triton.marker.evaluate({"platform_system": "Windows"})
 
 
 def test_core_packages_are_all_there():
@@ -102,3 +127,34 @@ def test_ci_runs_the_readme_test_command():
     assert commands[:2] == ["python3 course.py start", "python3 course.py test"]
     assert "python3 course.py test" in (ROOT / ".ci" / "run").read_text()
 
+
+def _venv_record() -> dict | None:
+    """What course.py installed into the venv running this test (None: not a venv course.py made)."""
+    stamp = Path(sys.prefix) / ".installed"
+    if Path(sys.prefix).resolve() != course.VENV.resolve() or not stamp.is_file():
+        return None
+    try:
+        return json.loads(stamp.read_text())
+    except ValueError:
+        return None
+
+
+def test_a_venv_from_the_lock_holds_exactly_the_locked_versions():
+    record = _venv_record()
+    if record is None or str(record.get("lock", "")).startswith("unlocked"):
+        pytest.skip(f"not running in a venv course.py made from the lock ({sys.prefix})")
+    wanted = locked(LOCKS / "course.txt")
+    if record.get("torch_from") == "cpu":
+        pair = course.torch_pair("cpu")
+        wanted["torch"] = pair["torch"]
+        if sys.platform.startswith("linux"):
+            wanted["triton"] = pair["triton"]
+    have = {}
+    for name in wanted:
+        try:
+            have[name] = version(name).split("+")[0]
+        except PackageNotFoundError:
+            have[name] = None
+    print("\n" + ", ".join(f"{n} {have[n]}" for n in sorted(wanted) if n in ("torch", "triton", "jupyterlab", "nbval")))
+    wrong = {n: (have[n], v) for n, v in wanted.items() if have[n] != v}
+    assert not wrong, f"installed versions differ from the lock (installed, locked): {wrong}"

@@ -70,7 +70,7 @@ def toy_solution_notebook() -> dict:
     return nbformat.v4.new_notebook(cells=cells)
 
 
-def test_add_an_exercise_with_hidden_cases_and_grade_it_without_touching_the_grader(tmp_path):
+def test_add_an_exercise_with_hidden_cases_and_grade_it_without_touching_the_grader(tmp_path, grader_sandbox_flags):
     course = course_copy(tmp_path)
     grader_before = digest(course / "labkit" / "grading")
     # 1. the solution notebook
@@ -93,9 +93,8 @@ def test_add_an_exercise_with_hidden_cases_and_grade_it_without_touching_the_gra
     for student, folder in (("solution", "solutions"), ("exercise", "exercises")):
         (subs / student).mkdir(parents=True)
         shutil.copy(course / folder / "99_toy.ipynb", subs / student)
-    unsafe = ["--unsafe-no-sandbox"] if sandbox.problem() else []  # without bubblewrap
     run(course, "-m", "labkit.cli", "grade", str(subs), "--out", str(tmp_path / "out"), "--device", "cpu",
-        "--timeout", "60", *unsafe)
+        "--timeout", "60", *grader_sandbox_flags)
     with open(tmp_path / "out" / "grades.csv", newline="") as f:
         rows = {r["student"]: r for r in csv.DictReader(f)}
     assert rows["solution"]["double"] == "2" and rows["solution"]["triple_source"] == "1"

@@ -75,3 +75,19 @@ def test_a_reference_batch_is_added_to_its_machine_and_keeps_the_other_notebooks
     assert [e["notebook"] for e in two["notebooks"]] == ["10_model_parallel.ipynb"]
     assert json.loads((tmp_path / "nvidia-h200" / "summary.json").read_text()) == one
     assert reference.machine_label(two).startswith("2 x NVIDIA H200, torch 2.11.0")
+
+
+def test_each_notebook_is_read_from_a_one_gpu_run_before_a_multi_gpu_run_that_holds_only_it(tmp_path):
+    def run(folder: str, gpus: str, notebooks: list[str], finished: str) -> None:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "summary.json").write_text(json.dumps({
+            "machine": {"GPU": "NVIDIA H100 80GB HBM3", "GPUs": gpus}, "finished": finished,
+            "notebooks": [{"notebook": f"{n}.ipynb", "duration_s": float(len(n))} for n in notebooks]}))
+
+    run("nvidia-h100-80gb-hbm3", "1", ["00_why_gpus", "10_model_parallel"], "2026-11-25")
+    run("nvidia-h100-80gb-hbm3-x2", "2", ["10_model_parallel"], "2026-11-26")
+    run("nvidia-h200", "1", ["00_why_gpus", "13_capstone"], "2026-11-20")
+    found = reference.by_notebook(tmp_path)
+    assert set(found) == {"00_why_gpus", "10_model_parallel", "13_capstone"}
+    assert found["10_model_parallel"][1]["machine"]["GPUs"] == "1"  # one GPU before two, though older
+    assert found["00_why_gpus"][1]["finished"] == "2026-11-25"  # the newer of two one-GPU runs

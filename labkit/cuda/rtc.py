@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from labkit import compat
+
 SOURCE_DIR = Path(__file__).resolve().parent
 # CUfunction_attribute values: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (dynamic shared memory past
 # 48 KB) and CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED (clusters of more than 8 blocks).
@@ -25,9 +27,7 @@ ELEM = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the element ty
 @functools.lru_cache(maxsize=None)
 def _driver() -> ctypes.CDLL:
     """The CUDA driver library, loaded once (torch's helper loads it anew on every call)."""
-    from torch.cuda._utils import _get_gpu_runtime_library
-
-    lib = _get_gpu_runtime_library()
+    lib = compat.cuda_driver()
     lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p,
                                    ctypes.c_void_p]
     return lib
@@ -48,17 +48,9 @@ class Kernel:
         values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
         pointers = (ctypes.c_void_p * len(values))(*map(ctypes.addressof, values))
         error = _driver().cuLaunchKernel(self.func, grid, 1, 1, block, 1, 1, self.shared,
-                                         _current_stream(self.device_index), pointers, None)
+                                         compat.current_raw_stream(self.device_index), pointers, None)
         if error:
-            from torch.cuda._utils import _check_cuda
-
-            _check_cuda(error)
-
-
-def _current_stream(device_index: int) -> int:
-    """The current CUDA stream's handle (through the call Triton's launcher makes, when this torch has it)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device_index) if raw is not None else torch.cuda.current_stream(device_index).cuda_stream
+            compat.check_cuda(error)
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,19 +58,17 @@ def compile_kernel(file: str, name: str, device_index: int, shared: int = 0, **d
     """The kernel `name` of labkit/cuda/`file` (which may include labkit/cuda's headers) compiled with
     `-D key=value` for each of `defines`, loaded on GPU `device_index`, launched with `shared` bytes of dynamic
     shared memory."""
-    compile_ = getattr(torch.cuda, "_compile_kernel", None)
+    compile_ = compat.nvrtc_compile()
     if compile_ is None:
         raise RuntimeError(f"PyTorch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC): "
                            "PyTorch 2.8 or later has it")
-    from torch.cuda._utils import _check_cuda
-
     with torch.cuda.device(device_index):
         kernel = compile_((SOURCE_DIR / file).read_text(), name, cuda_include_dirs=[str(SOURCE_DIR)],
                           nvcc_options=[f"-D{k}={v}" for k, v in defines.items()])
         if defines.get("CLUSTER", 0) > 8:
-            _check_cuda(_driver().cuFuncSetAttribute(kernel.func, _NON_PORTABLE_CLUSTER, 1))
+            compat.check_cuda(_driver().cuFuncSetAttribute(kernel.func, _NON_PORTABLE_CLUSTER, 1))
         if shared:
-            _check_cuda(_driver().cuFuncSetAttribute(kernel.func, _MAX_DYNAMIC_SHARED, shared))
+            compat.check_cuda(_driver().cuFuncSetAttribute(kernel.func, _MAX_DYNAMIC_SHARED, shared))
     return Kernel(kernel.func, device_index, shared)
 
 
@@ -89,12 +79,10 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 
 def max_active_clusters(kernel: Kernel, cluster: int, threads: int) -> int:
     """How many clusters of `kernel` (its cluster size set at compile time) the GPU holds at once."""
-    from torch.cuda._utils import _check_cuda
-
     config = _LaunchConfig((ctypes.c_uint * 3)(cluster, 1, 1), (ctypes.c_uint * 3)(threads, 1, 1), kernel.shared, None,
                            None, 0)
     count = ctypes.c_int()
-    _check_cuda(_driver().cuOccupancyMaxActiveClusters(ctypes.byref(count), kernel.func, ctypes.byref(config)))
+    compat.check_cuda(_driver().cuOccupancyMaxActiveClusters(ctypes.byref(count), kernel.func, ctypes.byref(config)))
     return count.value
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from labkit import compat
 from labkit.exercises.inputs import here
 from labkit.exercises.observe import compare, snapshot
 from labkit.exercises.spec import Function
@@ -15,7 +16,7 @@ NOTEBOOK = "03_timing"
 
 # Bound on import (the grader imports this before any student code runs), so a submission that
 # patches torch.cuda cannot change how the graded GPU workload is sized.
-_SLEEP = getattr(torch.cuda, "_sleep", None)
+_SLEEP = compat.gpu_sleep()
 _EVENT = torch.cuda.Event
 _ELAPSED = torch.cuda.Event.elapsed_time
 _RECORD = torch.cuda.Event.record

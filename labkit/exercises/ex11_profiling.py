@@ -16,8 +16,8 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.profiler import record_function
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from labkit import compat
 from labkit.exercises.inputs import here
 from labkit.exercises.observe import compare, expect_like, snapshot
 from labkit.exercises.spec import Function
@@ -110,7 +110,7 @@ class _Calls(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class _Ops(TorchDispatchMode):
+class _Ops(compat.dispatch_mode()):
     """Counts the ATen ops that ran (forward, backward and optimizer: each a kernel launch on a GPU)."""
 
     def __init__(self):

@@ -15,6 +15,8 @@ from typing import Iterator
 
 import torch
 
+from labkit import compat
+
 LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -39,16 +41,9 @@ def install() -> bool:
     global _installed
     if _installed:
         return True
-    try:
-        from triton.runtime import jit
-    except ImportError:
+    classes = compat.launch_classes()
+    if not classes:
         return False
-    classes: list[type] = [jit.JITFunction]
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-        classes.append(InterpretedFunction)
-    except ImportError:  # a Triton without the interpreter
-        pass
     for cls in classes:
         original = cls.run
 

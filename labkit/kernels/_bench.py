@@ -10,6 +10,8 @@ from typing import Callable
 
 import torch
 
+from labkit import compat
+
 
 @dataclass
 class Timed:
@@ -47,11 +49,7 @@ def maybe_compile(fn, use_compile: bool):
     """torch.compile(fn), or None when compile baselines are off."""
     if not use_compile:
         return None
-    try:  # the backward rows call autograd.grad(retain_graph=True), which donated buffers forbid
-        import torch._functorch.config as functorch_config
-        functorch_config.donated_buffer = False
-    except (ImportError, AttributeError):
-        pass
+    compat.allow_retained_backward_in_compile()  # the backward rows call autograd.grad(retain_graph=True)
     return torch.compile(fn)
 
 

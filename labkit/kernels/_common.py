@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from labkit import compat
 from labkit.device import current
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -84,7 +85,8 @@ def shared_memory(device: torch.device) -> int:
     if device.type != "cuda":
         return 1 << 30  # the interpreter has no limit
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+    found = compat.max_shared_memory(index)
+    return found if found is not None else torch.cuda.get_device_properties(index).shared_memory_per_block_optin
 
 
 def pipeline_stages(device: torch.device, stage_bytes: int, stages: int) -> int:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from labkit import compat
 from labkit.kernels._common import INTERPRETED, cdiv, check_same_device, check_same_dtype, check_tensor
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -445,7 +446,7 @@ def bench_case(size: str, dtype: torch.dtype = torch.bfloat16, causal: bool = Fa
         fns[name] = (lambda run: lambda q, k, v: run(q, k, v, causal))(sdpa_with(name))
     fns["naive"] = lambda q, k, v: naive(q, k, v, causal)
     if use_compile:
-        torch._dynamo.reset()  # each case is a new shape: start clean rather than hit the recompile limit
+        compat.reset_compiled()  # each case is a new shape: start clean rather than hit the recompile limit
         compiled = torch.compile(naive, dynamic=False)
         fns["compile"] = lambda q, k, v: compiled(q, k, v, causal)
     else:

@@ -18,18 +18,16 @@ import torch
 import triton
 import triton.language as tl
 
+from labkit import compat
 from labkit.device import current
 from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, Launcher, builds_graph, cdiv, check_same_device,
                                     check_same_dtype, check_tensor, num_sms)
 
-try:  # Triton >= 3.4: host-side TMA descriptors (the interpreter runs them too)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # older Triton: every call takes the pointer kernel
-    TensorDescriptor = None
-try:  # a Triton with Gluon: TF32 with a row-major B on Hopper needs no copy of B
-    from labkit.kernels import matmul_tf32
-except ImportError:
-    matmul_tf32 = None
+# Triton >= 3.4: host-side TMA descriptors (the interpreter runs them too); older Triton: the pointer kernel
+TensorDescriptor = compat.tensor_descriptor()
+# a Triton with Gluon: TF32 with a row-major B on Hopper needs no copy of B (else the TMA kernel, one warning on
+# a GPU; the interpreter never takes the Gluon kernel, so it does not warn there)
+matmul_tf32 = compat.gluon_matmul(warn=not INTERPRETED)
 
 
 def min_bytes(M: int, N: int, K: int, dtype: torch.dtype = torch.float32) -> int:

@@ -1,0 +1,156 @@
+"""Every private or experimental PyTorch and Triton API labkit uses, in one place, each behind a guard.
+
+PyTorch and Triton may rename or remove these in any release; the locked pairs (locks/torch.toml) have them
+all, and `python3 course.py test --latest` shows what the newest releases changed. No other labkit module
+touches them (tests/test_compat.py checks), except the Gluon kernel itself (kernels/matmul_tf32.py), which is
+written in Gluon and is loaded only through `gluon_matmul()`.
+
+| hook | what for | without it |
+|---|---|---|
+| `triton.experimental.gluon` (kernels/matmul_tf32.py) | TF32 matmul on Hopper without copying B | the TMA kernel, one warning |
+| `triton.tools.tensor_descriptor.TensorDescriptor` | host-side TMA descriptors (matmul) | the pointer kernel |
+| `triton.runtime.driver.active.utils.get_device_properties` | a GPU's shared memory per block | fewer pipeline stages |
+| `triton.runtime.jit.JITFunction.run`, `triton.runtime.interpreter.InterpretedFunction.run` | exercises see launches | no launch record: the check says so |
+| `triton.runtime.interpreter` (`_patch_lang_tensor`, `InterpreterBuilder`) | labkit.setup() mends the interpreter | as Triton has it |
+| `torch.cuda._compile_kernel`, `torch.cuda._utils` | NVRTC cluster kernels (labkit/cuda/rtc.py) | the Triton kernels, one warning |
+| `torch._C._cuda_getCurrentRawStream` | the current stream's handle, cheaply | `torch.cuda.current_stream()` |
+| `torch._scaled_mm` | FP8 matmuls (labkit.precision) | FP8 emulated |
+| `torch.cuda._sleep` | a GPU kernel that spins for a number of cycles | those sections skip |
+| `torch._dynamo.reset` | a clean torch.compile cache between cases | recompiles pile up |
+| `torch._functorch.config.donated_buffer` | compile baselines whose backward retains the graph | as PyTorch sets it |
+| `torch.utils._python_dispatch.TorchDispatchMode` | counting the ops a call runs (exercise 11) | none: it is needed |
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import warnings
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+
+# --- Triton ---
+
+
+@functools.lru_cache(maxsize=None)
+def gluon_matmul(warn: bool = True) -> ModuleType | None:
+    """labkit.kernels.matmul_tf32 (the Gluon TF32 kernel), or None where this Triton cannot load it (no Gluon, or
+    a Gluon whose names moved: ImportError, AttributeError, TypeError or any other), with one warning if `warn`."""
+    try:
+        from triton.experimental import gluon  # noqa: F401  (a Triton without Gluon: no warning, nothing to use)
+    except ImportError:
+        return None
+    try:
+        return importlib.import_module("labkit.kernels.matmul_tf32")
+    except Exception as exc:  # a renamed Gluon name raises AttributeError at import, not ImportError
+        import triton
+        if not warn:
+            return None
+        warnings.warn(f"labkit.matmul: TF32 on Hopper takes the TMA kernel (slower), because this Triton "
+                      f"({triton.__version__}) cannot load the Gluon kernel: {type(exc).__name__}: {exc}",
+                      RuntimeWarning, stacklevel=2)
+        return None
+
+
+def tensor_descriptor() -> type | None:
+    """Triton's host-side TMA descriptor class (Triton >= 3.4), or None."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None
+    return TensorDescriptor
+
+
+def max_shared_memory(device_index: int) -> int | None:
+    """Bytes of shared memory one Triton program may use on a GPU, as Triton's driver reports it (None: unknown)."""
+    try:
+        import triton
+        return int(triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"])
+    except (AttributeError, KeyError, TypeError, RuntimeError):
+        return None
+
+
+def launch_classes() -> list[type]:
+    """Triton's kernel classes whose `run` launches a kernel: compiled (JITFunction) and interpreted."""
+    try:
+        from triton.runtime import jit
+    except ImportError:
+        return []
+    classes: list[type] = [jit.JITFunction]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        classes.append(InterpretedFunction)
+    except ImportError:  # a Triton without the interpreter
+        pass
+    return [c for c in classes if callable(getattr(c, "run", None))]
+
+
+def triton_interpreter() -> ModuleType | None:
+    """triton.runtime.interpreter, whose internals labkit.setup() mends (None: not there)."""
+    try:
+        from triton.runtime import interpreter
+    except Exception:
+        return None
+    return interpreter
+
+
+# --- PyTorch ---
+
+
+def nvrtc_compile() -> Callable[..., Any] | None:
+    """torch.cuda._compile_kernel (NVRTC, PyTorch >= 2.8), or None."""
+    return getattr(torch.cuda, "_compile_kernel", None)
+
+
+def cuda_driver() -> Any:
+    """The CUDA driver library as PyTorch loads it (ctypes)."""
+    from torch.cuda._utils import _get_gpu_runtime_library
+
+    return _get_gpu_runtime_library()
+
+
+def check_cuda(error: int) -> None:
+    """Raise PyTorch's error for a CUDA driver result code (0: success)."""
+    from torch.cuda._utils import _check_cuda
+
+    _check_cuda(error)
+
+
+def current_raw_stream(device_index: int) -> int:
+    """The current CUDA stream's handle on a GPU (the call Triton's launcher makes, where this torch has it)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device_index) if raw is not None else torch.cuda.current_stream(device_index).cuda_stream
+
+
+def scaled_mm() -> Callable[..., torch.Tensor] | None:
+    """torch._scaled_mm (FP8 matmul with scales), or None."""
+    return getattr(torch, "_scaled_mm", None)
+
+
+def gpu_sleep() -> Callable[[int], None] | None:
+    """torch.cuda._sleep(cycles): a GPU kernel that spins for about that many clock cycles; None where absent."""
+    return getattr(torch.cuda, "_sleep", None)
+
+
+def reset_compiled() -> None:
+    """Forget every torch.compile'd graph (torch._dynamo.reset), so a new case does not hit the recompile limit."""
+    reset = getattr(getattr(torch, "_dynamo", None), "reset", None)
+    if reset is not None:
+        reset()
+
+
+def allow_retained_backward_in_compile() -> None:
+    """Let compiled functions' backward run with retain_graph=True (torch._functorch's donated buffers forbid it)."""
+    try:
+        import torch._functorch.config as functorch_config
+        functorch_config.donated_buffer = False
+    except (ImportError, AttributeError):
+        pass
+
+
+def dispatch_mode() -> type:
+    """torch.utils._python_dispatch.TorchDispatchMode: a context that sees every aten op a call runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
