@@ -7,13 +7,15 @@ Launch one process per device with torchrun (gloo on CPUs, NCCL on GPUs):
 It measures, in order: (1) correctness: a few DDP steps on a global batch split over the ranks,
 against one process training on the whole global batch (rank 0), plus the gradient of that
 batch by accumulation over micro-batches; (2) that every rank holds identical parameters;
-(3) throughput (samples/s) on a fixed per-rank batch, against a plain model on rank 0 alone;
+(3) throughput (samples/s) on a fixed per-rank batch, against a plain model on rank 0 alone, and the
+parts of a DDP step timed one by one on every rank at once, between DDP steps: the step without its
+communication (under `no_sync`), backward alone, DDP's communication alone (its buckets copied in,
+all-reduced, copied out) and communication and compute started together;
 (4) all-reduce bus bandwidth over message sizes (with more than one process); (5) optionally, the
 step time for several DDP bucket sizes and a profiler trace of a few steps (rank 0) showing when
-each bucket's all-reduce ran against backward's compute. Timings use a
-fixed step count, a device synchronize and the slowest rank's clock (`labkit.bench` would pick
-a different repetition count on each rank and deadlock the
-collectives).
+each bucket's all-reduce ran against backward's compute. Timings are per step, a list of samples:
+a device synchronize and the slowest rank's clock (`labkit.bench` would pick a different
+repetition count on each rank and deadlock the collectives).
 """
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from labkit import compat
+from labkit.stats import quantile
 
 USAGE = ("run me with torchrun, e.g. python -m torch.distributed.run --standalone --nproc_per_node 2 "
          "-m labkit.ddp_train --out result.json")
@@ -63,7 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="comma-separated bucket_cap_mb values to time a DDP step with ('' skips it)")
     ap.add_argument("--trace", type=Path, default=None,
                     help="rank 0 profiles a few DDP steps and writes a Chrome trace here")
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads per process (0: cores / processes)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="CPU threads per process (0: cores / processes - 1, leaving each a core for gloo's threads)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.layers < 2:
@@ -270,52 +276,117 @@ def check_correctness(args, rank: int, world: int, device: torch.device) -> dict
     return out
 
 
+def bucket_bytes(ddp) -> list[int]:
+    """The sizes (bytes) of the gradient buckets a DDP model all-reduces each step, in the order it fills them
+    (after its first backward, DDP regroups its buckets in the order gradients become ready)."""
+    found = compat.ddp_bucket_sizes(ddp)
+    return found or [sum(p.numel() * p.element_size() for p in ddp.parameters())]
+
+
+def bucket_comm_fn(sizes: list[int], world: int, device: torch.device):
+    """DDP's communication without its compute, as (start, finish): start copies each bucket's gradients in,
+    divides them by the ranks and starts its all-reduce; finish waits for each and copies the result back out.
+    What DDP adds to a step besides its hooks; `finish(start())` runs it alone."""
+    import torch.distributed as dist
+
+    bufs = [torch.zeros(max(1, n // 4), dtype=torch.float32, device=device) for n in sizes]
+    grads = [torch.randn(b.numel(), device=device) for b in bufs]
+
+    def start():
+        works = []
+        for b, g in zip(bufs, grads):
+            b.copy_(g)
+            b.div_(world)
+            works.append(dist.all_reduce(b, async_op=True))
+        return works
+
+    def finish(works) -> None:
+        for w, b, g in zip(works, bufs, grads):
+            w.wait()
+            g.copy_(b)
+
+    return start, finish
+
+
+def _ms(seconds: list[float]) -> list[float]:
+    return [s * 1e3 for s in seconds]
+
+
 def measure_throughput(args, rank: int, world: int, device: torch.device) -> dict:
-    """Samples/s of DDP training on a fixed per-rank batch, and the cost of one gradient two ways."""
+    """Samples/s of DDP training on a fixed per-rank batch, the parts of its step measured one by one, and the
+    cost of one gradient two ways. Every time is a list of samples (ms), one per step, the slowest rank's."""
     import torch.distributed as dist
 
     torch.manual_seed(args.seed)
     single = make_model(args.dim, args.hidden, args.layers).to(device)  # the same start as the DDP model
     ddp, step, x, y = _ddp_step_fn(args, rank, device, args.bucket_cap_mb, data_seed=1000)
+    local, local_step, _, _ = _ddp_step_fn(args, rank, device, args.bucket_cap_mb, data_seed=1000)
+    plain = copy.deepcopy(single)
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=args.lr * 0.1)
 
-    out = {"steps": args.steps, "batch_per_rank": args.batch_per_rank}
-    if rank == 0:  # the baseline: one device, a plain model (no DDP), the same batch; the others wait
-        plain = copy.deepcopy(single)
-        plain_opt = torch.optim.SGD(plain.parameters(), lr=args.lr * 0.1)
+    def plain_step():
+        plain_opt.zero_grad(set_to_none=True)
+        F.mse_loss(plain(x), y).backward()
+        plain_opt.step()
 
-        def plain_step():
-            plain_opt.zero_grad(set_to_none=True)
-            F.mse_loss(plain(x), y).backward()
-            plain_opt.step()
+    def compute():   # the DDP step without its communication: inside no_sync, DDP's hooks return at once
+        with local.no_sync():
+            local_step()
 
+    out = {"steps": args.steps, "batch_per_rank": args.batch_per_rank,
+           "grad_bytes": sum(p.numel() * p.element_size() for p in plain.parameters())}
+    if rank == 0:  # the baseline: one device, a plain model (no DDP), the same batch; the other ranks wait
         for _ in range(args.warmup):
             plain_step()
-        _sync(device)
-        t0 = time.perf_counter()
+        alone = []
         for _ in range(args.steps):
-            plain_step()
-        _sync(device)
-        seconds = time.perf_counter() - t0
-        out["single_samples_per_s"] = args.batch_per_rank * args.steps / seconds
-        out["single_step_ms"] = seconds / args.steps * 1e3
-        bwd = []
-        for _ in range(max(3, args.steps // 2)):   # backward alone: what an all-reduce can hide behind
-            plain_opt.zero_grad(set_to_none=True)
-            loss = F.mse_loss(plain(x), y)
             _sync(device)
             t0 = time.perf_counter()
-            loss.backward()
+            plain_step()
             _sync(device)
-            bwd.append(time.perf_counter() - t0)
-        out["backward_ms"] = statistics.median(bwd) * 1e3
-        out["grad_bytes"] = sum(p.numel() * p.element_size() for p in plain.parameters())
+            alone.append(time.perf_counter() - t0)
+        out["single_samples_ms"] = _ms(alone)
+        out["single_step_ms"] = statistics.median(alone) * 1e3
+        out["single_samples_per_s"] = args.batch_per_rank / statistics.median(alone)
     dist.barrier()
 
-    for _ in range(args.warmup):
+    for _ in range(max(3, args.warmup + 1)):   # the first steps also let DDP regroup its buckets in use order
         step()
-    seconds = timed_on_slowest_rank(step, args.steps, device)
-    out["samples_per_s"] = world * args.batch_per_rank * args.steps / seconds
-    out["step_ms"] = seconds / args.steps * 1e3
+    out["bucket_bytes"] = bucket_bytes(ddp)
+    start, finish = bucket_comm_fn(out["bucket_bytes"], world, device)
+
+    def comm():
+        finish(start())
+
+    def together():   # the communication started, then the compute, then the communication finished: overlap by hand
+        works = start()
+        compute()
+        finish(works)
+
+    def backward_alone():
+        local.zero_grad(set_to_none=True)
+        with local.no_sync():
+            loss = F.mse_loss(local(x), y)   # forward untimed
+            return timed_on_slowest_rank(loss.backward, 1, device)
+
+    for _ in range(args.warmup):
+        compute()
+        comm()
+        together()
+    # interleaved, so that each part sees the same conditions. Every rank runs each part at the same time, sharing
+    # the machine as the DDP ranks do: the DDP step; the same step without communication (compute); its backward
+    # alone; DDP's communication alone; and communication and compute started together (overlap by hand)
+    parts: dict[str, list[float]] = {"step": [], "compute": [], "backward": [], "comm": [], "together": []}
+    for _ in range(args.steps):
+        parts["step"].append(timed_on_slowest_rank(step, 1, device))
+        parts["compute"].append(timed_on_slowest_rank(compute, 1, device))
+        parts["backward"].append(backward_alone())
+        parts["comm"].append(timed_on_slowest_rank(comm, 1, device))
+        parts["together"].append(timed_on_slowest_rank(together, 1, device))
+    for k, v in parts.items():
+        out[f"{k}_samples_ms"] = _ms(v)
+        out[f"{k}_ms"] = statistics.median(v) * 1e3
+    out["samples_per_s"] = world * args.batch_per_rank / statistics.median(parts["step"])
     if rank == 0:
         out["scaling_efficiency"] = out["samples_per_s"] / (world * out["single_samples_per_s"])
 
@@ -330,7 +401,7 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
         for _ in range(world):
             (F.mse_loss(single(x), y) / world).backward()
 
-    reps = max(3, args.steps // 2)
+    reps = max(5, args.steps // 2)
     ddp_times = [timed_on_slowest_rank(ddp_grad, 1, device) for _ in range(reps)]
     out["ddp_grad_ms"] = statistics.median(ddp_times) * 1e3
     if rank == 0:
@@ -372,16 +443,24 @@ def _ddp_step_fn(args, rank: int, device: torch.device, bucket_cap_mb: float, da
 
 
 def bucket_sweep(args, rank: int, device: torch.device) -> list[dict]:
-    """Median DDP step time (slowest rank) for each bucket_cap_mb in --bucket-sweep."""
-    rows = []
-    for cap in [float(c) for c in args.bucket_sweep.split(",") if c.strip()]:
+    """DDP step time (slowest rank; median, p20, p80 and every sample) for each bucket_cap_mb in --bucket-sweep,
+    with the buckets DDP made. The sizes take turns, step by step, so a change in the machine's load reaches all."""
+    caps = [float(c) for c in args.bucket_sweep.split(",") if c.strip()]
+    runs = []
+    for cap in caps:
         ddp, step, _, _ = _ddp_step_fn(args, rank, device, cap)
-        for _ in range(args.warmup + 1):   # the first step also lets DDP rebuild its buckets in use order
+        for _ in range(max(3, args.warmup + 1)):   # the first steps also let DDP rebuild its buckets in use order
             step()
-        times = sorted(timed_on_slowest_rank(step, 1, device) for _ in range(args.steps))
-        rows.append({"bucket_cap_mb": cap, "step_ms": statistics.median(times) * 1e3,
-                     "p20_ms": times[int(0.2 * (len(times) - 1))] * 1e3, "p80_ms": times[int(0.8 * (len(times) - 1))] * 1e3})
-        del ddp, step
+        runs.append((ddp, step, []))
+    for _ in range(args.steps):
+        for _, step, times in runs:
+            times.append(timed_on_slowest_rank(step, 1, device))
+    rows = []
+    for cap, (ddp, _, times) in zip(caps, runs):
+        ms = _ms(times)
+        rows.append({"bucket_cap_mb": cap, "step_ms": statistics.median(ms), "p20_ms": quantile(ms, 0.2),
+                     "p80_ms": quantile(ms, 0.8), "samples_ms": ms, "bucket_bytes": bucket_bytes(ddp)})
+    del runs
     return rows
 
 
@@ -391,13 +470,14 @@ def is_allreduce(name: str, on_gpu: bool) -> bool:
     return "allreduce" in low and "nccl" in low if on_gpu else low == "gloo:all_reduce"
 
 
-def trace_steps(args, rank: int, device: torch.device, path: Path, steps: int = 3) -> dict:
-    """Profile a few DDP steps; rank 0 writes a Chrome trace to `path` and returns the intervals (us)
-    of backward's compute and of the all-reduces, from the last profiled step."""
+def trace_steps(args, rank: int, device: torch.device, path: Path, steps: int = 6) -> dict:
+    """Profile a few DDP steps; rank 0 writes a Chrome trace to `path` and returns the intervals (us) of backward's
+    compute and of the all-reduces in the last profiled step, and for every profiled step how long backward's
+    compute went on after the first all-reduce started (`leads_ms`: negative when it started after)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     ddp, step, _, _ = _ddp_step_fn(args, rank, device, args.bucket_cap_mb)
-    for _ in range(args.warmup + 1):
+    for _ in range(max(3, args.warmup + 1)):
         step()
     _sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -410,14 +490,23 @@ def trace_steps(args, rank: int, device: torch.device, path: Path, steps: int = 
     if rank == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(path))
-        found = intervals(prof.events(), device.type)
+        events = prof.events()
+        found = intervals(events, device.type)
+        found["leads_ms"] = []
+        for i in range(steps):
+            one = intervals(events, device.type, which=i)
+            if one["compute"] and one["allreduce"]:
+                lead = max(c[1] for c in one["compute"]) - min(c[0] for c in one["allreduce"])
+                found["leads_ms"].append(lead / 1e3)
+        found["bucket_bytes"] = bucket_bytes(ddp)
     import torch.distributed as dist
     dist.barrier()
     return found
 
 
-def intervals(events, device_type: str) -> dict:
-    """From profiler events: [start, end] (us, from the last step's start) of compute and all-reduces.
+def intervals(events, device_type: str, which: int = -1) -> dict:
+    """From profiler events: [start, end] (us, from that step's start) of compute and all-reduces in the profiled
+    step `which` (the last by default).
 
     On a GPU: NCCL all-reduce kernels vs every other kernel. On a CPU: gloo's all-reduce ops vs the
     autograd functions of backward (host events).
@@ -426,12 +515,13 @@ def intervals(events, device_type: str) -> dict:
     if not steps:
         return {"compute": [], "allreduce": []}
     gpu = device_type == "cuda"
-    lo, hi = steps[-1].time_range.start, steps[-1].time_range.end
+    lo, hi = steps[which].time_range.start, steps[which].time_range.end
+    nxt = steps[which + 1].time_range.start if which != -1 and which + 1 < len(steps) else None
     compute, comm = [], []
     for e in events:
         on_device = "cuda" in str(getattr(e, "device_type", "")).lower()
         start, end = e.time_range.start, e.time_range.end
-        if gpu != on_device or start < lo or (not gpu and start > hi):
+        if gpu != on_device or start < lo or (not gpu and start > hi) or (nxt is not None and start >= nxt):
             continue
         if is_allreduce(e.name, gpu):
             comm.append([start - lo, end - lo])
@@ -448,21 +538,31 @@ def measure_allreduce(args, world: int, device: torch.device) -> list[dict]:
     import torch.distributed as dist
 
     sizes = [int(s) for s in args.allreduce_bytes.split(",") if s.strip()]
-    rows = []
-    for nbytes in sizes:
-        buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    bufs = [torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device) for nbytes in sizes]
+    for buf in bufs:
         for _ in range(args.allreduce_warmup):   # the first calls set up connections and buffers
             dist.all_reduce(buf)
-        times = sorted(timed_on_slowest_rank(lambda b=buf: dist.all_reduce(b), args.allreduce_iters, device)
-                       / args.allreduce_iters for _ in range(args.allreduce_repeats))
-        seconds = statistics.median(times)
+    times: list[list[float]] = [[] for _ in bufs]
+    for _ in range(args.allreduce_repeats):   # the sizes take turns, so that a change in load reaches all of them
+        for buf, ts in zip(bufs, times):
+            ts.append(timed_on_slowest_rank(lambda b=buf: dist.all_reduce(b), args.allreduce_iters, device)
+                      / args.allreduce_iters)
+    rows = []
+    for buf, ts in zip(bufs, times):
+        seconds = statistics.median(ts)
         size = buf.numel() * 4
         algbw = size / seconds / 1e9
-        rows.append({"bytes": size, "us": seconds * 1e6, "p20_us": times[int(0.2 * (len(times) - 1))] * 1e6,
-                     "p80_us": times[int(0.8 * (len(times) - 1))] * 1e6, "algbw_gbps": algbw,
+        rows.append({"bytes": size, "us": seconds * 1e6, "p20_us": quantile(ts, 0.2) * 1e6,
+                     "p80_us": quantile(ts, 0.8) * 1e6, "samples_us": [t * 1e6 for t in ts], "algbw_gbps": algbw,
                      "busbw_gbps": algbw * 2 * (world - 1) / world})
-        del buf
+    del bufs
     return rows
+
+
+def default_threads(local_world: int, cores: int | None = None) -> int:
+    """Compute threads per CPU process: the cores shared out, less one per process for its communication threads
+    (gloo's all-reduce runs on threads of its own; with every core computing they wait for one), at least 1."""
+    return max(1, (cores or os.cpu_count() or 1) // local_world - 1)
 
 
 def init_group(backend: str, dev_type: str, local_rank: int, threads: int) -> torch.device:
@@ -496,9 +596,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"labkit.ddp_train: {exc}", file=sys.stderr)
         return 2
-    device = init_group(backend, dev_type, local_rank, args.threads or (os.cpu_count() or 1) // local_world)
+    device = init_group(backend, dev_type, local_rank, args.threads or default_threads(local_world))
     try:
         result = {"world_size": world, "backend": backend, "device": dev_type, "torch": torch.__version__,
+                  "threads": torch.get_num_threads(), "cores": os.cpu_count(),
                   "hosts": None, "args": {k: str(v) for k, v in vars(args).items()}}
         hosts = [None] * world
         dist.all_gather_object(hosts, f"{platform.node()}:{device}")

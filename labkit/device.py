@@ -215,6 +215,17 @@ def _fix_interpreter_bf16_rounding() -> None:
     builder.create_fp_to_fp = patched_fp_to_fp
 
 
+def cpu_bf16_units() -> list[str]:
+    """The instruction sets this CPU multiplies bf16 with natively (Linux's /proc/cpuinfo flags avx512_bf16,
+    amx_bf16); [] where it has none or this is not Linux: there bf16 matmuls run through fp32 arithmetic."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [u for u in ("avx512_bf16", "amx_bf16") if u in flags]
+
+
 def cache_dir() -> Path:
     """labkit's cache folder for this machine's measurements and builds: $LABKIT_CACHE, else ~/.cache/labkit."""
     return Path(os.environ.get(ENV_CACHE, Path.home() / ".cache" / "labkit"))

@@ -37,6 +37,7 @@ class LoadResult:
     timeouts: int = 0  # the client gave up waiting
     batch_sizes: Counter = field(default_factory=Counter)  # as the server formed them (from /metrics)
     send_lag_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # how late each send left its schedule
+    done_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # when each answer arrived, s since the start
 
     @property
     def client_lag_ms(self) -> float:
@@ -51,6 +52,16 @@ class LoadResult:
     def throughput(self) -> float:
         """Answered requests per second over the run."""
         return self.ok / self.duration_s if self.duration_s > 0 else math.nan
+
+    def window_rates(self, windows: int = 5) -> np.ndarray:
+        """Answered requests per second in each of `windows` equal slices of the run: the throughput's samples
+        (their mean is `throughput`), from which a claim about it can tell a difference from noise."""
+        if windows < 1:
+            raise ValueError(f"need at least one window, got {windows}")
+        if self.duration_s <= 0:
+            return np.full(windows, math.nan)
+        counts, _ = np.histogram(self.done_s, bins=windows, range=(0.0, self.duration_s))
+        return counts / (self.duration_s / windows)
 
     def goodput(self, slo_ms: float) -> float:
         """Requests per second answered within the latency objective `slo_ms`."""
@@ -70,7 +81,8 @@ class LoadResult:
 
     def summary(self, slo_ms: float | None = None) -> dict[str, float]:
         out = {"rate": self.rate, "sent": self.sent, "ok": self.ok, "rejected": self.rejected, "errors": self.errors,
-               "timeouts": self.timeouts, "client_lag_ms": self.client_lag_ms, "throughput": self.throughput, "p50_ms": self.pct(50),
+               "timeouts": self.timeouts, "client_lag_ms": self.client_lag_ms, "throughput": self.throughput,
+               "p50_ms": self.pct(50),
                "p90_ms": self.pct(90), "p99_ms": self.pct(99), "mean_ms": self.mean_ms, "mean_batch": self.mean_batch}
         if slo_ms is not None:
             out["goodput"] = self.goodput(slo_ms)
@@ -159,9 +171,11 @@ async def _one(pool: _Pool, body: bytes, timeout_s: float, out: dict) -> None:
     except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
         out["errors"] += 1
         return
-    ms = (time.perf_counter() - t0) * 1e3
+    done = time.perf_counter()
+    ms = (done - t0) * 1e3
     if status == 200:
         out["lat"].append(ms)
+        out["done"].append(done)
     elif status == 503:
         out["rejected"] += 1
     else:
@@ -187,7 +201,7 @@ async def run_async(url: str, rate: float, n: int, payload: Callable[[int], byte
     base = url.rstrip("/")
     when = poisson_arrivals(rate, n, seed)
     bodies = [payload(i) for i in range(n)]
-    out = {"lat": [], "rejected": 0, "errors": 0, "timeouts": 0}
+    out = {"lat": [], "done": [], "rejected": 0, "errors": 0, "timeouts": 0}
     loop = asyncio.get_running_loop()
     before = await loop.run_in_executor(None, _batch_sizes, base) if metrics else {}
     try:  # one file descriptor per connection: leave some for everything else this process has open
@@ -222,7 +236,7 @@ async def run_async(url: str, rate: float, n: int, payload: Callable[[int], byte
     after = await loop.run_in_executor(None, _batch_sizes, base) if metrics else {}
     formed = Counter({int(k): v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0})
     return LoadResult(rate, len(tasks), duration, np.asarray(out["lat"]), out["rejected"], out["errors"],
-                      out["timeouts"], formed, np.asarray(lag))
+                      out["timeouts"], formed, np.asarray(lag), np.asarray(out["done"], dtype=float) - t0)
 
 
 def run(url: str, rate: float, n: int, payload: Callable[[int], bytes], **kwargs) -> LoadResult:

@@ -160,17 +160,21 @@ class HostLoad:
 
     def __init__(self) -> None:
         self.wall, self.machine, self.own = self._read()
+        self.last: float | None = None
 
     @staticmethod
     def _read() -> tuple[float, int | None, int]:
         return time.monotonic(), _machine_busy_ticks(), _own_ticks()
 
     def others_share(self) -> float | None:
-        """Share of all CPUs' time since the last reading used by other processes; starts a new reading."""
+        """Share of all CPUs' time since the last reading used by other processes; starts a new reading. Under
+        0.05 s after the last reading is too short to read: the last share stands and that reading goes on."""
         wall, machine, own = self._read()
-        share = None
-        if self.machine is not None and machine is not None and wall - self.wall > 0.05:
-            capacity = (wall - self.wall) * _clock_ticks() * (os.cpu_count() or 1)
-            share = max(0.0, ((machine - self.machine) - (own - self.own)) / capacity)
+        if self.machine is None or machine is None:
+            return None
+        if wall - self.wall <= 0.05:
+            return self.last
+        capacity = (wall - self.wall) * _clock_ticks() * (os.cpu_count() or 1)
+        self.last = max(0.0, ((machine - self.machine) - (own - self.own)) / capacity)
         self.wall, self.machine, self.own = wall, machine, own
-        return share
+        return self.last

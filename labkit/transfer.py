@@ -58,14 +58,17 @@ def pcie_peak_gbps(gen: int, width: int) -> float:
     return width * rate * efficiency / 8
 
 
-def host_cache_bytes() -> int:
-    """The CPU's largest cache (usually L3) in bytes, or 0 where the OS does not say.
+def host_cache_bytes(level: int | None = None) -> int:
+    """The CPU's largest cache (usually L3), or its cache of `level` (1, 2, 3), in bytes; 0 where the OS does not say.
 
-    A pageable copy's staging memcpy slows once its buffer no longer fits in it.
+    A pageable copy's staging memcpy slows once its buffer no longer fits in the largest one.
     """
-    if hasattr(os, "sysconf") and "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names:
+    if level is not None and level not in (1, 2, 3):
+        raise ValueError(f"cache level {level!r}: use 1, 2 or 3 (or None for the largest cache)")
+    name = f"SC_LEVEL{level or 3}{'_DCACHE' if level == 1 else ''}_CACHE_SIZE"
+    if hasattr(os, "sysconf") and name in os.sysconf_names:
         try:
-            if (size := os.sysconf("SC_LEVEL3_CACHE_SIZE")) > 0:
+            if (size := os.sysconf(name)) > 0:
                 return int(size)
         except (OSError, ValueError):
             pass
@@ -73,6 +76,9 @@ def host_cache_bytes() -> int:
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
             text = (index / "size").read_text().strip().upper()
+            if level is not None and ((index / "level").read_text().strip() != str(level)
+                                      or (index / "type").read_text().strip() == "Instruction"):
+                continue
         except OSError:
             continue
         scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
@@ -168,25 +174,47 @@ def measure_sweep(sizes: Sequence[int], direction: str, pinned: bool = False,
     out = []
     for n in (progress(sizes) if progress else sizes):
         s, d = src[:n], dst[:n]
-        out.append(bench(lambda: d.copy_(s, non_blocking=non_blocking), device=timer_device, **bench_kw))
+        out.append(bench(lambda d=d, s=s: d.copy_(s, non_blocking=non_blocking), device=timer_device, **bench_kw))
     return out
 
 
-def fresh_pages(nbytes: int, **bench_kw) -> tuple[Timing, Timing]:
-    """(filling a new host tensor of `nbytes`, filling one already touched), on one CPU thread.
+STAGING_CHUNK = 2**21  # bytes per chunk of our stand-in for the driver's staging buffer (its size is not documented)
 
-    The difference is what the OS charges to map and zero fresh pages on first write (and unmap
-    them when the tensor is freed): what `.cpu()` into a new tensor pays on top of the copy.
+
+def staging_pieces(host: torch.Tensor, ring: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(slice of host, slice of ring) pairs that cover host[:n] in order, one ring-sized chunk at a time."""
+    if not 1 <= n <= host.numel():
+        raise ValueError(f"n must be between 1 and the host buffer's {host.numel()} elements, got {n}")
+    step = ring.numel()
+    return [(host[o:o + m], ring[:m]) for o in range(0, n, step) for m in [min(step, n - o)]]
+
+
+def staging_sweep(sizes: Sequence[int], direction: str, chunk: int = STAGING_CHUNK,
+                  progress: Callable | None = None, **bench_kw) -> list[Timing]:
+    """Time the CPU's half of a pageable copy of each size, on one thread: a memcpy between the pageable buffer
+    and one `chunk`-sized buffer (pinned where CUDA is), chunk by chunk, as the driver stages such a copy.
+
+    'h2d' copies pageable -> staging (the source streams from memory, the staging buffer stays in the caches);
+    'd2h' copies staging -> pageable. Unlike a copy between two large buffers ('h2h' in `measure_sweep`), only
+    the pageable side moves through main memory.
     """
-    if nbytes < 4:
-        raise ValueError(f"nbytes must be >= 4 (one float32), got {nbytes}")
-    n = nbytes // 4
-    touched = torch.empty(n)
-    touched.fill_(0.0)
-    with threads(1):  # the driver writes a pageable copy's destination from one thread
-        fresh = bench(lambda: torch.empty(n).fill_(1.0), device="cpu", **bench_kw)
-        reused = bench(lambda: touched.fill_(1.0), device="cpu", **bench_kw)
-    return fresh, reused
+    if direction not in ("h2d", "d2h"):
+        raise ValueError(f"direction {direction!r}: staging is for 'h2d' or 'd2h' copies")
+    sizes = [int(s) for s in sizes]
+    if not sizes or min(sizes) < 1 or chunk < 1:
+        raise ValueError(f"give sizes >= 1 and a chunk >= 1 byte, got {sizes} and {chunk}")
+    host = torch.empty(max(sizes), dtype=torch.uint8)
+    host.random_(0, 256)
+    ring = torch.zeros(min(chunk, max(sizes)), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    out = []
+    with threads(1):  # the driver stages a pageable copy with one CPU thread
+        for n in (progress(sizes) if progress else sizes):
+            pieces = staging_pieces(host, ring, n)
+            if direction == "h2d":
+                out.append(bench(lambda p=pieces: [r.copy_(h) for h, r in p], device="cpu", **bench_kw))
+            else:
+                out.append(bench(lambda p=pieces: [h.copy_(r) for h, r in p], device="cpu", **bench_kw))
+    return out
 
 
 def count_wrong(got: torch.Tensor, expected: torch.Tensor) -> int:

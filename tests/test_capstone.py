@@ -7,7 +7,8 @@ import torch
 import labkit
 from labkit.capstone import GPT, GPTConfig, RunConfig, Trainer, make_corpus, run_variant, variant, VARIANTS
 from labkit.capstone.data import order
-from labkit.capstone.train import final_loss, tolerance
+from labkit.capstone.profile import EVIDENCE, METRICS, missing_here, profile_steps
+from labkit.capstone.train import calibrate, final_loss, paired_step_ms, tolerance
 
 SEQ, WINDOWS = 16, 16
 CORPUS = make_corpus(WINDOWS, SEQ)
@@ -77,7 +78,8 @@ def test_every_variant_trains_the_baseline_model(name, baseline):
     r = run_variant(v, RUN, DEV, CORPUS, time_it=False)
     assert len(r.losses) == RUN.steps and r.losses[0] == pytest.approx(baseline.losses[0], rel=1e-2)
     rel = abs(r.loss - baseline.loss) / baseline.loss
-    assert rel <= tolerance(v, DEV), f"{name}: loss {r.loss} vs baseline {baseline.loss} ({rel:.2e} > {tolerance(v, DEV):g})"
+    assert rel <= tolerance(v, DEV), (f"{name}: loss {r.loss} vs baseline {baseline.loss} "
+                                      f"({rel:.2e} > {tolerance(v, DEV):g})")
     assert r.loss < baseline.losses[0] - 0.1, "the model did not train"
 
 
@@ -109,3 +111,46 @@ def test_every_variant_gets_the_gpu_floor_on_a_gpu_and_its_own_bound_elsewhere()
     from labkit.capstone.train import FP32_RTOL, GPU_RTOL, LOW_RTOL
     assert tolerance(variant("pinned"), "cpu") == FP32_RTOL and tolerance(variant("bf16"), "cpu") == LOW_RTOL
     assert tolerance(variant("pinned"), "cuda") == tolerance(variant("bf16"), torch.device("cuda", 0)) == GPU_RTOL
+
+
+def test_the_tolerance_comes_from_seeds_where_fp32_and_bf16_train_from_the_same_start():
+    cal = calibrate(RUN, DEV, CORPUS, [1, 2])
+    assert cal.seeds == [1, 2] and len(cal.fp32) == len(cal.low) == 2
+    assert cal.fp32[0] != cal.fp32[1], "another seed trains other weights on another order"
+    assert cal.diffs == [(lo - f) / f for f, lo in zip(cal.fp32, cal.low)]
+    assert cal.tolerance() == cal.MARGIN * max(abs(d) for d in cal.diffs) > 0  # bf16 rounds: never bit for bit
+    assert cal.seed_spread == (max(cal.fp32) - min(cal.fp32)) / (sum(cal.fp32) / 2)
+
+
+def test_run_variant_keeps_every_timed_sample_and_the_hosts_issue_time():
+    run = dataclasses.replace(RUN, rep_ms=5, time_steps=2)
+    r = run_variant(variant("pinned"), run, "cpu", CORPUS, min_reps=5, host_reps=4)
+    assert r.step_ms.n >= 5 and r.host_ms.n == 4 and all(v > 0 for v in r.host_ms.values)
+    assert r.tokens_per_s_samples.values == tuple(run.tokens_per_step * 1e3 / ms for ms in r.step_ms.values)
+    assert run_variant(variant("pinned"), run, "cpu", CORPUS, time_it=False).step_ms is None
+
+
+def test_the_profile_gives_each_figure_once_per_profiled_step():
+    t = Trainer(variant("baseline"), RUN, CORPUS, "cpu")
+    for _ in range(2):
+        t.step()
+    p = profile_steps(t.step, steps=3, device="cpu")
+    assert p.steps == 3 and all(p.figure(m).n == 3 for m in METRICS)
+    assert p.figure("syncs").median == 1  # loss.item() in every step (on the CPU, the call itself)
+    assert p.launches() == pytest.approx(sum(p.figure("launches").values) / 3) and p.launches() > 0
+    assert p.figure("pointwise").median > 0 and p.figure("busy_ms").median > 0
+    assert "calls/step" in p.table(3)
+
+
+def test_every_step_names_its_evidence_and_what_its_mechanism_needs():
+    assert set(EVIDENCE) == set(VARIANTS) - {"baseline", "ddp"}
+    assert all(metric in METRICS and 0 < factor < 1 for metric, _, factor, _ in EVIDENCE.values())
+    assert missing_here("", "cpu") == ""
+    assert ("TF32 tensor cores" in missing_here("tf32", "cpu")
+            and "bf16 tensor cores" in missing_here("tensor cores", "cpu"))
+
+
+def test_paired_timing_alternates_the_two_loops_round_by_round():
+    calls = []
+    a, b = paired_step_ms(lambda: calls.append("a"), lambda: calls.append("b"), "cpu", rounds=3, steps=2)
+    assert a.n == b.n == 3 and calls == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]

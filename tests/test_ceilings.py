@@ -28,12 +28,21 @@ def test_measured_once_then_cached(cache, monkeypatch):
 
 
 def test_damaged_cache_is_measured_again(cache):
-    c = ceilings.get()
+    ceilings.get()
     path = next(cache.glob("ceilings-*.json"))
     path.write_text("{not json")
     again = ceilings.get()
     assert again.copy_gbps > 0
     json.loads(path.read_text())  # rewritten
+
+
+def test_a_refresh_never_lowers_a_ceiling_measured_before(cache, monkeypatch):
+    quiet = ceilings.get()
+    busy = dataclasses.replace(quiet, copy_gbps=quiet.copy_gbps / 10, matmul_tflops={"fp32": 1e9})
+    monkeypatch.setattr(ceilings, "measure", lambda: busy)
+    again = ceilings.get(refresh=True)
+    assert again.copy_gbps == quiet.copy_gbps and again.matmul_tflops["fp32"] == 1e9  # the higher of each
+    assert ceilings.cached().copy_gbps == quiet.copy_gbps
 
 
 def test_fractions_and_ridge():

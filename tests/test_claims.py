@@ -189,3 +189,19 @@ def test_own_ticks_count_a_child_this_process_waited_for():
     subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\n"
                     "while time.process_time() - t < 0.5: pass"], check=True)
     assert stats._own_ticks() - before >= 0.4 * stats._clock_ticks()
+
+
+def test_a_claim_right_after_another_keeps_the_last_load_reading(monkeypatch):
+    readings = iter([(1000, 0), (1400, 0), (1401, 0)])
+    clock = iter([0.0, 2.0, 2.01])
+    monkeypatch.setattr(stats, "_clock_ticks", lambda: 100)
+    monkeypatch.setattr(stats.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(stats.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(stats, "_machine_busy_ticks", lambda: pending[0])
+    monkeypatch.setattr(stats, "_own_ticks", lambda: pending[1])
+    pending = next(readings)
+    load = stats.HostLoad()
+    pending = next(readings)
+    assert load.others_share() == pytest.approx(1.0)
+    pending = next(readings)
+    assert load.others_share() == pytest.approx(1.0)  # 10 ms later: too short to read, the last share stands

@@ -78,8 +78,49 @@ def test_throughput_and_allreduce_fields(two_process_run):
     assert [r["bytes"] for r in rows] == [4096, 65536]
     for r in rows:
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)
+        assert len(r["samples_us"]) == 3 and min(r["samples_us"]) <= r["us"] <= max(r["samples_us"])
         assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["us"] * 1e-6) / 1e9)
         assert r["p20_us"] <= r["us"] <= r["p80_us"]
+
+
+def test_step_parts_are_samples_per_step(two_process_run):
+    """The DDP step and its parts, each one sample per timed step, their medians reported; buckets as DDP made them."""
+    thr = two_process_run["throughput"]
+    for part in ("step", "compute", "backward", "comm", "together", "single"):
+        xs = thr[f"{part}_samples_ms"]
+        assert len(xs) == 3 and all(math.isfinite(v) and v > 0 for v in xs), part
+    for part in ("step", "compute", "backward", "comm", "together"):
+        assert thr[f"{part}_ms"] == pytest.approx(sorted(thr[f"{part}_samples_ms"])[1]), part
+    assert thr["single_step_ms"] == pytest.approx(sorted(thr["single_samples_ms"])[1])
+    assert thr["scaling_efficiency"] == pytest.approx(thr["single_step_ms"] / thr["step_ms"])
+    # a 1 kB cap: each tensor of the 7-19-19-7 MLP is over it, so DDP regroups them into several buckets
+    assert len(thr["bucket_bytes"]) >= 2 and sum(thr["bucket_bytes"]) == thr["grad_bytes"]
+    assert two_process_run["threads"] == ddp_train.default_threads(2) and two_process_run["cores"] >= 1
+
+
+def test_bucket_comm_fn_averages_like_ddp(monkeypatch):
+    """Alone (one rank), the communication copies each bucket in, divides by the ranks, and copies it back."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        start, finish = ddp_train.bucket_comm_fn([40, 12], 1, torch.device("cpu"))
+        works = start()
+        assert len(works) == 2
+        finish(works)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_default_threads_leave_a_core_for_communication():
+    assert ddp_train.default_threads(2, cores=16) == 7
+    assert ddp_train.default_threads(2, cores=2) == 1
+    assert ddp_train.default_threads(4, cores=2) == 1
 
 
 def test_no_sync_accumulation_equals_the_whole_batch_with_one_round_of_all_reduces(two_process_run):
@@ -93,10 +134,13 @@ def test_bucket_sweep_and_trace(two_process_run, tmp_path_factory):
     rows = two_process_run["bucket_sweep"]
     assert [r["bucket_cap_mb"] for r in rows] == [0.001, 1.0]
     assert all(0 < r["p20_ms"] <= r["step_ms"] <= r["p80_ms"] for r in rows)
+    assert all(len(r["samples_ms"]) == 3 for r in rows)
+    assert len(rows[0]["bucket_bytes"]) >= 2 and len(rows[1]["bucket_bytes"]) == 1   # 1 MB holds every gradient
     tr = two_process_run["trace"]
     assert tr["allreduce"] and tr["compute"], tr
     for a, b in tr["allreduce"] + tr["compute"]:
         assert 0 <= a <= b
+    assert len(tr["leads_ms"]) == 6 and tr["bucket_bytes"] == two_process_run["throughput"]["bucket_bytes"]
 
 
 def test_intervals_classify_gpu_kernels_and_cpu_ops():
@@ -105,7 +149,8 @@ def test_intervals_classify_gpu_kernels_and_cpu_ops():
     def ev(name, start, end, dev="DeviceType.CPU"):
         return E(name=name, time_range=E(start=start, end=end), device_type=dev)
 
-    events = [ev("step 0", 0, 50), ev("step 1", 100, 200), ev("autograd::engine::evaluate_function: MmBackward0", 110, 130),
+    events = [ev("step 0", 0, 50), ev("step 1", 100, 200),
+              ev("autograd::engine::evaluate_function: MmBackward0", 110, 130),
               ev("gloo:all_reduce", 125, 180), ev("c10d::allreduce_", 124, 126), ev("aten::add", 140, 141),
               ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 150, 190, "DeviceType.CUDA"),
               ev("sm90_xmma_gemm", 120, 140, "DeviceType.CUDA"), ev("sm90_xmma_gemm", 10, 20, "DeviceType.CUDA")]
@@ -113,6 +158,8 @@ def test_intervals_classify_gpu_kernels_and_cpu_ops():
     assert cpu == {"compute": [[10, 30]], "allreduce": [[25, 80]]}
     gpu = ddp_train.intervals(events, "cuda")
     assert gpu == {"compute": [[20, 40]], "allreduce": [[50, 90]]}
+    assert ddp_train.intervals(events, "cpu", which=0) == {"compute": [], "allreduce": []}   # step 0 saw neither
+    assert ddp_train.intervals(events, "cuda", which=0) == {"compute": [[10, 20]], "allreduce": []}
     assert ddp_train.intervals([], "cpu") == {"compute": [], "allreduce": []}
 
 

@@ -43,6 +43,12 @@ def test_collective_traffic_is_counted(run):
     assert runs["FSDP bf16"]["traffic"]["all_gather_bytes"] == 2 * 2 * n   # bf16 parameters: half the bytes
 
 
+def test_step_times_are_samples(run):
+    for kind, r in run["runs"].items():
+        assert len(r["step_samples_ms"]) == 1 and r["step_ms"] == r["step_samples_ms"][0] > 0, kind
+        assert r["step_p20_ms"] == r["step_ms"] == r["step_p80_ms"], kind
+
+
 def test_zero_formula():
     z = fsdp.zero_bytes(1000, 4)
     assert z["DDP"]["total"] == 16_000 and z["ZeRO-3"]["total"] == 4_000

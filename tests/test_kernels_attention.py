@@ -107,7 +107,8 @@ def test_attention_counts():
     assert kernels.attention.flops(2, 3, 1024, 64, causal=True) == 2 * 3 * 2 * 1024 * 1024 * 64
     assert kernels.attention.flops(1, 1, 16, 64, backward=True) == 2.5 * 4 * 16 * 16 * 64
     assert kernels.attention.min_bytes(1, 2, 100, 64, torch.bfloat16) == 4 * 2 * 100 * 64 * 2 + 4 * 2 * 100
-    assert mod.naive_bytes(1, 1, 100, 64, torch.bfloat16) > 4 * 100 * 100 * 2
+    assert mod.naive_bytes(1, 1, 100, 64, torch.bfloat16) == 28 * 100 * 100 + 8 * 100 * 64
+    assert mod.naive_bytes(1, 1, 100, 64, torch.float32) == 24 * 100 * 100 + 16 * 100 * 64
 
 
 def test_attention_bench_case_runs():

@@ -2,11 +2,11 @@
 import subprocess
 
 import pytest
+import torch
 
 from labkit.parallel import launch
 from labkit.parallel import pipeline as P
 
-TOL = 0.08   # measured bubble vs (p-1)/(m+p-1): gloo hops and sleep wake-ups add a little idle time
 
 
 @pytest.mark.parametrize("p,m", [(2, 1), (2, 3), (3, 5), (4, 8), (4, 2)])
@@ -71,6 +71,16 @@ def test_naive_two_devices_leaves_each_idle_half_the_time():
     for a, b in zip(ev, ev[1:]):
         assert a["end"] <= b["start"]   # one device at a time
     assert r["mean"] >= 0.5 - 1e-9
+    assert "unsynced" not in r   # one device: nothing could overlap, so nothing to time without synchronising
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_naive_two_gpus_unsynced_step_times_each_half_on_its_gpu():
+    r = P.naive_two_devices(("cuda:0", "cuda:1"), dim=256, layers=2, batch=512, steps=3)
+    u = r["unsynced"]
+    assert len(u["step_s"]) == 10 and [len(b) for b in u["busy_s"]] == [10, 10]
+    for wall, a, b in zip(u["step_s"], *u["busy_s"]):
+        assert 0 < a and 0 < b and a + b <= wall * 1.05   # the halves take turns
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +99,26 @@ def test_gradients_equal_one_process(two_stages):
         assert chk[schedule]["loss_diff"] <= 1e-6 * chk["ref_loss"], schedule
 
 
-def test_measured_bubble_within_tolerance_of_the_formula(two_stages):
+def test_each_stage_runs_its_schedule_whose_bubble_is_the_formula(two_stages):
+    """What the processes did, not how fast: how close the measured idle share comes to the formula on this
+    machine is notebook 10's claim (bubble_matches_formula) and `labkit bench`'s, not a unit test's."""
     rows = two_stages["sweep"]
     assert [(r["schedule"], r["m"]) for r in rows] == [("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)]
     for r in rows:
         assert r["formula"] == pytest.approx(1 / (r["m"] + 1))
-        assert abs(r["bubble"] - r["formula"]) <= TOL, (r["schedule"], r["m"], r["bubble"], r["formula"])
-    for schedule in ("gpipe", "1f1b"):
-        one, four = (r["bubble"] for r in rows if r["schedule"] == schedule)
-        assert four < one
+        # the reported bubble is the median repeat's, and that is the run whose events are reported
+        assert len(r["bubbles"]) == 3 and r["bubble"] == sorted(r["bubbles"])[1]
+        measured = P.bubble(r["events"])
+        assert r["bubble"] == pytest.approx(measured["mean"]) and r["per_stage_bubble"] == pytest.approx(
+            measured["per_stage"]) and r["makespan_s"] == pytest.approx(measured["makespan"])
+        # each stage ran its schedule's steps in its schedule's order, each padded to its cost (10 ms, backward 20)
+        done = [[(e["op"], e["mb"]) for e in sorted(r["events"], key=lambda e: e["start"]) if e["stage"] == s]
+                for s in range(2)]
+        assert done == [P.ORDERS[r["schedule"]](s, 2, r["m"]) for s in range(2)], r["schedule"]
+        assert all(e["end"] - e["start"] >= (0.010 if e["op"] == "F" else 0.020) - 1e-6 for e in r["events"])
+        # and that order, at equal costs, idles each stage exactly the formula's share
+        ideal = P.bubble(P.simulate(2, r["m"], order=lambda s, p, m, done=done: done[s]))["per_stage"]
+        assert ideal == pytest.approx([r["formula"]] * 2)
 
 
 def test_timeline_respects_dependencies_and_memory_follows_the_schedule(two_stages):
@@ -110,6 +131,32 @@ def test_timeline_respects_dependencies_and_memory_follows_the_schedule(two_stag
         held = [r["m"], r["m"]] if r["schedule"] == "gpipe" else [min(2, r["m"]), 1]
         assert r["in_flight"] == held
         assert r["peak_saved_bytes"] == [h * b for h, b in zip(held, r["per_mb_bytes"])]
+        # what one micro-batch keeps (fp32, 3 rows of 12): stage 0 the two GELUs' inputs, the second Linear's
+        # input and its output (not the input data); stage 1 also its received input, what the loss saves of its
+        # input (not the target) and the loss itself
+        assert r["per_mb_bytes"] == [4 * 3 * 12 * 4, 5 * 3 * 12 * 4 + 4]
+
+
+def test_replay_plays_the_measured_durations():
+    ev = P.simulate(3, 5, "gpipe", f=1.0, b=2.5)
+    again = P.replay(ev, 3, 5, "gpipe")
+    def key(e):
+        return e["stage"], e["op"], e["mb"]
+
+    assert sorted(again, key=key) == sorted(ev, key=key)
+    slow = [{**e, "end": e["end"] + 1.0} if key(e) == (1, "F", 0) else e for e in ev]   # one step took longer
+    assert P.bubble(P.replay(slow, 3, 5, "gpipe"))["makespan"] == pytest.approx(P.bubble(ev)["makespan"] + 1.0)
+
+
+def test_compute_free_runs_measure_the_pipelines_own_cost(two_stages):
+    for r in two_stages["sweep"]:
+        # the same steps with no transfer and no wait: never longer than what was measured
+        assert r["replay_makespan_s"] <= r["makespan_s"] + 1e-9
+        assert r["busy_mean_s"] == pytest.approx(r["busy_per_mb_s"] * r["m"])
+        assert len(r["overhead_makespans_s"]) == 3 and all(v > 0 for v in r["overhead_makespans_s"])
+        assert min(r["overhead_makespans_s"]) < r["makespan_s"] / 2   # no compute, no padding
+        # a stage's forward and backward of one micro-batch: padded to 10 + 20 ms
+        assert 0.030 - 1e-6 <= r["busy_per_mb_s"] < 0.030 + 0.010
 
 
 def test_four_stages(tmp_path):
@@ -150,7 +197,8 @@ def test_launcher_reports_a_failing_child(monkeypatch, tmp_path):
 
     def fake_run(cmd, env, timeout):
         seen.update(cmd=cmd, env=env)
-        return True, subprocess.CompletedProcess(cmd, 1, "", "labkit.parallel.pipeline: a pipeline needs at least 2 stages\n")
+        return True, subprocess.CompletedProcess(cmd, 1, "",
+                                                 "labkit.parallel.pipeline: a pipeline needs at least 2 stages\n")
 
     monkeypatch.setattr(launch, "run_bounded", fake_run)
     with pytest.raises(RuntimeError, match="at least 2 stages"):

@@ -1,4 +1,5 @@
-"""labkit.parallel.tensor_parallel: the column/row split over 2 gloo ranks equals one process, one all-reduce each way."""
+"""labkit.parallel.tensor_parallel: the column/row split over 2 gloo ranks equals one process, one all-reduce
+each way."""
 import pytest
 
 from labkit.parallel import launch
@@ -46,6 +47,9 @@ def test_sweep_fields(run):
     assert [r["dim"] for r in rows] == [8, 16]
     for r in rows:
         assert r["tp_p20_ms"] <= r["tp_step_ms"] <= r["tp_p80_ms"]
+        for key in ("tp_samples_ms", "all_reduce_samples_ms", "full_samples_ms"):   # one sample per repeat
+            assert len(r[key]) == 2 and all(v > 0 for v in r[key]), key
+        assert r["tp_step_ms"] == pytest.approx(sum(r["tp_samples_ms"]) / 2)   # the median of two
         assert r["comm_ms"] == pytest.approx(2 * r["all_reduce_ms"]) and 0 < r["comm_fraction"] <= 1
         assert r["bytes_per_step"] == 2 * TOKENS * r["dim"] * 4
         assert r["ring_bytes_per_rank"] == pytest.approx(r["bytes_per_step"])   # 2 (t-1)/t = 1 for t = 2

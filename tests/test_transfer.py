@@ -132,13 +132,40 @@ def test_gpu_copy_buffers_copy_correctly(direction, pinned):
     assert torch.equal(dst.cpu(), src.cpu())
 
 
-def test_fresh_pages_times_both_fills_and_restores_threads():
+def test_host_cache_levels_are_plausible_and_ordered():
+    sizes = {level: transfer.host_cache_bytes(level) for level in (1, 2, 3)}
+    for level, size in sizes.items():
+        assert size == 0 or 2**12 <= size <= 2**32, f"L{level}: {size} bytes is no CPU cache size"
+    known = [sizes[k] for k in (1, 2, 3) if sizes[k]]
+    assert known == sorted(known)
+    assert transfer.host_cache_bytes() >= max(known, default=0)
+    with pytest.raises(ValueError, match="cache level"):
+        transfer.host_cache_bytes(4)
+
+
+@pytest.mark.parametrize("n,chunk", [(1, 4), (7, 4), (8, 4), (9, 4), (1000, 1024), (5000, 1024)])
+def test_staging_pieces_cover_the_host_buffer_in_order(n, chunk):
+    host = torch.zeros(6000, dtype=torch.uint8)
+    ring = torch.arange(chunk, dtype=torch.int64).remainder(251).to(torch.uint8) + 1
+    pieces = transfer.staging_pieces(host, ring, n)
+    assert all(h.data_ptr() == host[o:].data_ptr() for (h, _), o in zip(pieces, range(0, n, chunk)))
+    for h, r in pieces:  # 'd2h': staging -> pageable
+        h.copy_(r)
+    assert torch.equal(host[:n], ring.repeat(n // chunk + 1)[:n]) and not host[n:].any()
+    with pytest.raises(ValueError, match="between 1 and"):
+        transfer.staging_pieces(host, ring, 6001)
+
+
+def test_staging_sweep_times_each_size_on_one_thread():
     threads = torch.get_num_threads()
-    fresh, reused = transfer.fresh_pages(2**20 + 6, rep_ms=5, warmup_ms=1)
+    timings = transfer.staging_sweep([1, 3 * 2**10 + 1, 2**16], "h2d", chunk=2**10, rep_ms=5, warmup_ms=1)
     assert torch.get_num_threads() == threads
-    assert fresh.n >= 5 and reused.n >= 5 and fresh.median_ms > 0 and reused.median_ms > 0
-    with pytest.raises(ValueError, match="nbytes must be >= 4"):
-        transfer.fresh_pages(3)
+    assert len(timings) == 3 and all(t.n >= 5 and t.median_ms > 0 for t in timings)
+    assert len(transfer.staging_sweep([2**12], "d2h", rep_ms=5, warmup_ms=1)) == 1
+    with pytest.raises(ValueError, match="'h2d' or 'd2h'"):
+        transfer.staging_sweep([8], "h2h")
+    with pytest.raises(ValueError, match="sizes >= 1"):
+        transfer.staging_sweep([0], "h2d")
 
 
 def test_count_wrong_counts_differences():

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant", default="ddp")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     ap.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args(argv)
     if "RANK" not in os.environ:
         print("labkit.capstone.ddp: run me with torch.distributed.run (see the module docstring)", file=sys.stderr)
@@ -94,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if dev_type == "cuda" else None
         if rank == 0:
             out = {"world": world, "backend": backend, "device": dev_type, "losses": losses,
-                   "loss": final_loss(losses), "tokens_per_s": statistics.median(tps), "tokens_per_s_p20": tps[int(0.2 * (len(tps) - 1))],
-                   "tokens_per_s_p80": tps[int(0.8 * (len(tps) - 1))], "peak_mem_gib": peak, "warmup_s": warmup}
+                   "loss": final_loss(losses), "tokens_per_s": statistics.median(tps),
+                   "tokens_per_s_p20": tps[int(0.2 * (len(tps) - 1))],
+                   "tokens_per_s_p80": tps[int(0.8 * (len(tps) - 1))], "tokens_per_s_samples": tps,
+                   "peak_mem_gib": peak, "warmup_s": warmup}
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(out, indent=1))
     finally:
@@ -104,9 +106,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def launch(run: RunConfig, nproc: int, out: Path, device: str = "auto", name: str = "ddp",
-           timeout: int = 600) -> dict:
-    """Run the DDP variant on `nproc` processes with torch.distributed.run; return rank 0's results."""
-    return torchrun("labkit.capstone.ddp", nproc, ["--workload", json.dumps(asdict(run)), "--variant", name],
+           timeout: int = 600, repeats: int = 7) -> dict:
+    """Run the DDP variant on `nproc` processes with torch.distributed.run; return rank 0's results
+    (tokens_per_s_samples: one per timed repeat of run.time_steps steps)."""
+    return torchrun("labkit.capstone.ddp", nproc, ["--workload", json.dumps(asdict(run)), "--variant", name,
+                                                   "--repeats", str(repeats)],
                     device=device, out=out, timeout=timeout, echo=False)
 
 

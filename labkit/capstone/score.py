@@ -56,7 +56,8 @@ def _rel(a: float, b: float) -> float:
 
 
 def score(m: Measured, baseline: Measured, loss_rtol: float = LOSS_RTOL, curve_rtol: float = CURVE_RTOL,
-          eval_rtol: float = EVAL_RTOL, output_rtol: float = OUTPUT_RTOL, warmup_budget_s: float = WARMUP_BUDGET_S, thresholds=THRESHOLDS) -> Score:
+          eval_rtol: float = EVAL_RTOL, output_rtol: float = OUTPUT_RTOL, warmup_budget_s: float = WARMUP_BUDGET_S,
+          thresholds=THRESHOLDS) -> Score:
     """Points for `m` against the baseline loop measured on the same inputs (zero, with the reason, if wrong)."""
     speedup = m.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s > 0 else 0.0
     n = len(baseline.losses)
@@ -74,7 +75,8 @@ def score(m: Measured, baseline: Measured, loss_rtol: float = LOSS_RTOL, curve_r
     checks["loss_rel"] = _rel(final(m.losses), final(baseline.losses))
     if checks["loss_rel"] > loss_rtol:
         return zero(f"wrong loss: {final(m.losses):.4f} after {n} steps vs the baseline's "
-                    f"{final(baseline.losses):.4f} (tolerance {loss_rtol:.0%}); a faster loop must train the same model")
+                    f"{final(baseline.losses):.4f} (tolerance {loss_rtol:.0%}); a faster loop must train the "
+                    "same model")
     # every tenth step along the curve: a loop that skips work on some steps, or replays another run's
     # losses, drifts off the baseline's curve even when the end lands close
     picks = sorted(set(range(0, n, max(1, n // 10))) | {n - 1})

@@ -46,9 +46,13 @@ def min_bytes(B: int, H: int, N: int, d: int, dtype: torch.dtype = torch.bfloat1
 
 
 def naive_bytes(B: int, H: int, N: int, d: int, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Bytes eager (unfused) attention moves: the fused minimum plus the N x N scores written, read by the
-    softmax, the probabilities written, and read by p @ v (4 passes over B·H·N² elements)."""
-    return min_bytes(B, H, N, d, dtype) - 4 * B * H * N + 4 * B * H * N * N * _size(dtype)
+    """Bytes eager attention (`naive`, no mask) moves: q, k, v read and o written once, plus each op's pass over
+    the B·H·N² scores: q @ k.T writes S; * scale reads and writes it; .float() reads it and writes fp32; softmax
+    reads and writes fp32; .to(dtype) reads fp32 and writes P; P @ v reads P: 6·s + 16 bytes a score for s-byte
+    inputs (28 in bf16); fp32 inputs skip both casts (4·s + 8 = 24)."""
+    s = _size(dtype)
+    per_score = 4 * s + 8 if dtype == torch.float32 else 6 * s + 16
+    return min_bytes(B, H, N, d, dtype) - 4 * B * H * N + per_score * B * H * N * N
 
 
 def flops(B: int, H: int, N: int, d: int, causal: bool = False, backward: bool = False,

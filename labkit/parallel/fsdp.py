@@ -25,6 +25,7 @@ from torch import nn
 
 from labkit.parallel import launch
 from labkit.parallel.tensor_parallel import MLP, _timed
+from labkit.stats import quantile
 
 PROG = "labkit.parallel.fsdp"
 
@@ -51,9 +52,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def held_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
     """What this rank holds: its parameters, gradients and optimizer state, in bytes (shards for FSDP)."""
-    nbytes = lambda ts: sum(_local(t).numel() * _local(t).element_size() for t in ts)
+    def nbytes(ts) -> int:
+        return sum(_local(t).numel() * _local(t).element_size() for t in ts)
+
     states = getattr(opt, "optim", opt).state.values()   # ZeroRedundancyOptimizer keeps its local optimizer in .optim
-    out = {"params": nbytes(model.parameters()), "grads": nbytes(p.grad for p in model.parameters() if p.grad is not None),
+    out = {"params": nbytes(model.parameters()),
+           "grads": nbytes(p.grad for p in model.parameters() if p.grad is not None),
            "optimizer": nbytes(v for s in states for v in s.values() if torch.is_tensor(v) and v.dim() > 0)}
     out["total"] = sum(out.values())
     return out
@@ -104,7 +108,8 @@ def build(kind: str, model: nn.Module, ctx: launch.Ctx, lr: float, mp: bool = Fa
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     if kind == "FSDP":
         from torch.distributed.device_mesh import init_device_mesh
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mp else MixedPrecisionPolicy()
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mp
+                  else MixedPrecisionPolicy())
         # an explicit mesh on this run's device: fully_shard's default takes CUDA whenever a GPU exists
         mesh = init_device_mesh(ctx.device.type, (ctx.world,))
         for block in m:
@@ -123,7 +128,8 @@ def batch(step: int, n: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.T
 
 
 def train(kind: str, model: nn.Module, args, ctx: launch.Ctx, mp: bool = False) -> dict:
-    """A few Adam steps on this rank's share of each global batch; losses, final full parameters, bytes held, traffic."""
+    """A few Adam steps on this rank's share of each global batch; losses, final full parameters, bytes held,
+    traffic."""
     mod, opt = build(kind, model, ctx, args.lr, mp)
     local = args.global_batch // ctx.world
     losses, tally, peak = [], {}, 0
@@ -139,7 +145,8 @@ def train(kind: str, model: nn.Module, args, ctx: launch.Ctx, mp: bool = False) 
         mod.register_comm_hook(None, hook)
     for step in range(args.steps):
         x, y = batch(step, args.global_batch, args.dim, args.seed)
-        x, y = x[ctx.rank * local:(ctx.rank + 1) * local].to(ctx.device), y[ctx.rank * local:(ctx.rank + 1) * local].to(ctx.device)
+        x, y = (x[ctx.rank * local:(ctx.rank + 1) * local].to(ctx.device),
+                y[ctx.rank * local:(ctx.rank + 1) * local].to(ctx.device))
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
         tally.clear()
@@ -184,7 +191,8 @@ def _time(mod, opt, args, ctx: launch.Ctx, local: int) -> list[float]:
 
 def body(args, ctx: launch.Ctx) -> dict:
     if args.global_batch % ctx.world:
-        sys.exit(f"{PROG}: --global-batch {args.global_batch} does not split over {ctx.world} ranks: use a multiple of {ctx.world}")
+        sys.exit(f"{PROG}: --global-batch {args.global_batch} does not split over {ctx.world} ranks: "
+                 f"use a multiple of {ctx.world}")
     torch.manual_seed(args.seed)
     model = make_model(args.dim, args.blocks)
     n_params = sum(p.numel() for p in model.parameters())
@@ -204,7 +212,8 @@ def body(args, ctx: launch.Ctx) -> dict:
         out["runs"][kind] = {"losses": r["losses"], "param_diff_vs_ddp": float(diff.item()),
                              "loss_diff_vs_ddp": max(abs(a - b) for a, b in zip(r["losses"], ddp["losses"])),
                              "held_per_rank": held, "traffic": r["traffic"], "step_ms": statistics.median(r["step_ms"]),
-                             "step_p20_ms": r["step_ms"][0], "step_p80_ms": r["step_ms"][-1]}
+                             "step_p20_ms": quantile(r["step_ms"], 0.2), "step_p80_ms": quantile(r["step_ms"], 0.8),
+                             "step_samples_ms": r["step_ms"]}
         if "cuda_allocated" in r:
             out["runs"][kind].update(cuda_allocated=r["cuda_allocated"], cuda_peak=r["cuda_peak"])
     return out

@@ -71,9 +71,10 @@ def torchrun(module: str, nproc: int, args: list[str], backend: str = "auto", de
     finished, done = run_bounded(cmd, env, timeout)
     if not finished:
         raise RuntimeError(f"{module} on {nproc} processes did not finish in {timeout:g} s (a hung collective?); "
-                           f"every rank was stopped, each printing where it was:\n{(done.stdout + done.stderr)[-6000:]}")
+                           f"every rank was stopped, each printing where it was:\n"
+                           f"{(done.stdout + done.stderr)[-6000:]}")
     if done.returncode != 0:
-        said = [l for l in done.stderr.splitlines() if l.startswith(module + ":")]   # our own messages (start())
+        said = [ln for ln in done.stderr.splitlines() if ln.startswith(module + ":")]   # our own messages (start())
         raise RuntimeError(f"{module} on {nproc} processes failed (exit {done.returncode}):\n"
                            + ("\n".join(said) if said else (done.stdout + done.stderr)[-4000:]))
     if echo and done.stdout.strip():
@@ -84,7 +85,8 @@ def torchrun(module: str, nproc: int, args: list[str], backend: str = "auto", de
 def add_common(ap: argparse.ArgumentParser) -> None:
     """The options every parallel script takes."""
     ap.add_argument("--out", type=Path, required=True, help="JSON file rank 0 writes the results to")
-    ap.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl on GPUs, gloo on CPUs")
+    ap.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                    help="auto: nccl on GPUs, gloo on CPUs")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="auto: one GPU per process when there are enough, else the CPU")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per process")

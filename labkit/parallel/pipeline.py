@@ -8,8 +8,11 @@ backward (B) steps on micro-batches: GPipe (all forwards, then all backwards) an
 forwards, then one forward one backward, so at most p - s micro-batches are in flight on stage s).
 With equal stage costs both idle for the same share of the time, the bubble (p-1)/(m+p-1).
 Every step's start and end is recorded; `--stage-ms` pads each forward to that many ms (backward
-to twice) with a sleep, so the costs are equal and controlled. `simulate` is the same schedule
-as a model (no processes), `naive_two_devices` the one-process `.to()` split.
+to twice) with a sleep, so the costs are equal and controlled. Each timed run is followed by the
+same schedule on a stage with no compute (the same tensors sent): what the pipeline's own transfers
+and waits cost. Each stage also counts what one micro-batch keeps alive until its backward and,
+on GPUs, the allocator's peak. `simulate` is the same schedule as a model (no processes),
+`naive_two_devices` the one-process `.to()` split.
 """
 from __future__ import annotations
 
@@ -73,9 +76,11 @@ def check_order(steps: list[Step], m: int) -> None:
 
 
 def simulate(p: int, m: int, schedule: str = "1f1b", f: float = 1.0, b: float = 2.0,
-             order=None) -> list[dict]:
-    """The schedule as a model: events (stage, op, mb, start, end) with forward cost f and backward b."""
+             order=None, cost=None) -> list[dict]:
+    """The schedule as a model: events (stage, op, mb, start, end) with forward cost f and backward b, or
+    `cost(stage, op, mb)` for each step's own; every step starts as soon as its stage and its input are free."""
     order = order or ORDERS[schedule]
+    cost = cost or (lambda s, op, i: f if op == "F" else b)
     orders = [order(s, p, m) for s in range(p)]
     done: dict[tuple[str, int, int], float] = {}
     free, pos, events = [0.0] * p, [0] * p, []
@@ -91,13 +96,20 @@ def simulate(p: int, m: int, schedule: str = "1f1b", f: float = 1.0, b: float = 
             if dep is not None and dep not in done:
                 continue
             start = max(free[s], done.get(dep, 0.0))
-            free[s] = done[(op, s, i)] = start + (f if op == "F" else b)
+            free[s] = done[(op, s, i)] = start + cost(s, op, i)
             events.append({"stage": s, "op": op, "mb": i, "start": start, "end": free[s]})
             pos[s] += 1
             moved = True
         if not moved:
-            raise ValueError(f"the orders deadlock: every stage waits ({[orders[s][pos[s]] for s in range(p) if pos[s] < len(orders[s])]})")
+            raise ValueError(f"the orders deadlock: every stage waits "
+                             f"({[orders[s][pos[s]] for s in range(p) if pos[s] < len(orders[s])]})")
     return events
+
+
+def replay(events: list[dict], p: int, m: int, schedule: str) -> list[dict]:
+    """The schedule played with the durations the events measured, and nothing else: no transfer, no wait."""
+    took = {(e["stage"], e["op"], e["mb"]): e["end"] - e["start"] for e in events}
+    return simulate(p, m, schedule, cost=lambda s, op, i: took[(s, op, i)])
 
 
 def bubble(events: list[dict]) -> dict:
@@ -154,18 +166,35 @@ def data(n: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, dim, generator=g), torch.randn(n, dim, generator=g)
 
 
-class _Saved:
-    """Count the bytes autograd saves for backward (activations, not parameters) while active."""
+class _Held:
+    """The bytes one micro-batch keeps alive on a stage until its backward: what autograd saves for backward
+    (activations; not the parameters nor the input data, which exist anyway), the stage's input when it came
+    from the previous stage, and its output; each storage counted once."""
 
-    def __init__(self, params: set[int]):
-        self.params, self.seen, self.bytes = params, set(), 0
+    def __init__(self, skip: set[int]):
+        self.skip, self.seen, self.bytes = skip, set(), 0
+
+    def add(self, t: torch.Tensor) -> None:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in self.skip and ptr not in self.seen:
+            self.seen.add(ptr)
+            self.bytes += t.untyped_storage().nbytes()
 
     def pack(self, t: torch.Tensor):
-        key = (t.data_ptr(), t.numel())
-        if t.data_ptr() not in self.params and key not in self.seen:
-            self.seen.add(key)
-            self.bytes += t.numel() * t.element_size()
+        self.add(t)
         return t
+
+
+class _Scale(nn.Module):
+    """A stage with (almost) no compute: x times one parameter. The same schedule and the same transfers as a real
+    stage, so a run of it measures what the pipeline costs besides compute (sends, receives, synchronisation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        return x * self.w
 
 
 def _exchange(send: torch.Tensor, recv: torch.Tensor, peer: int) -> None:
@@ -188,7 +217,7 @@ def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torc
     check_order(steps, m)
     last, dev = s == p - 1, ctx.device
     shape, dtype = xs[0].shape, xs[0].dtype
-    params = {q.data_ptr() for q in stage.parameters()}
+    skip = {t.untyped_storage().data_ptr() for t in [*stage.parameters(), *xs, *ys]}   # there anyway
     inputs, outputs, held, events, works, losses = {}, {}, {}, [], [], []
     pending = None   # (tensor, peer): the last step's send, joined with the next receive from the same peer
     live = peak = 0
@@ -218,13 +247,15 @@ def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torc
         t0 = time.perf_counter()
         if op == "F":
             inp = xs[i] if s == 0 else buf.requires_grad_()
-            saved = _Saved(params)
-            with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+            kept = _Held(skip)
+            with torch.autograd.graph.saved_tensors_hooks(kept.pack, lambda t: t):
                 out = stage(inp)
                 if last:
                     out = F.mse_loss(out, ys[i]) / m   # the mean over micro-batches = the whole batch's loss
                     losses.append(float(out.detach()) * m)
-            inputs[i], outputs[i], held[i] = inp, out, saved.bytes + (inp.numel() * inp.element_size() if s else 0)
+            kept.add(inp)
+            kept.add(out)
+            inputs[i], outputs[i], held[i] = inp, out, kept.bytes
             live += held[i]
             peak = max(peak, live)
             if not last:
@@ -240,6 +271,7 @@ def run_schedule(schedule: str, stage: nn.Module, ctx: launch.Ctx, xs: list[torc
         if pad > 0:
             time.sleep(pad)
         events.append({"stage": s, "op": op, "mb": i, "start": t0 - origin, "end": time.perf_counter() - origin})
+        works = [(w, t) for w, t in works if not w.is_completed()]   # a sent tensor is freed once its send is done
     if pending is not None:
         works.append((dist.isend(*pending), pending[0]))
     for w, _ in works:
@@ -273,9 +305,11 @@ def check(args, ctx: launch.Ctx) -> dict:
         xs, ys = list(x.chunk(args.check_m)), list(y.chunk(args.check_m))
         r = run_schedule(schedule, stage, ctx, xs, ys, 0.0)
         err = max(float((q.grad - g).abs().max()) for q, g in zip(stage.parameters(), ref))
-        diff = torch.tensor([err, err / mine], dtype=torch.float64, device=ctx.device)   # absolute, relative to this stage's
+        # absolute, relative to this stage's
+        diff = torch.tensor([err, err / mine], dtype=torch.float64, device=ctx.device)
         dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-        loss = torch.tensor([sum(r["losses"]) / args.check_m if r["losses"] else 0.0], dtype=torch.float64, device=ctx.device)
+        loss = torch.tensor([sum(r["losses"]) / args.check_m if r["losses"] else 0.0], dtype=torch.float64,
+                            device=ctx.device)
         dist.broadcast(loss, src=ctx.world - 1)
         out[schedule] = {"grad_diff": float(diff[0]), "grad_rel_diff": float(diff[1]), "loss": float(loss.item()),
                          "loss_diff": abs(float(loss.item()) - ref_loss)}
@@ -288,25 +322,34 @@ def sweep(args, ctx: launch.Ctx) -> list[dict]:
 
     torch.manual_seed(args.seed)
     stage = stage_of(make_model(ctx.world, args.layers, args.dim), ctx.rank, args.layers).to(ctx.device)
+    idle = _Scale().to(ctx.device)
     rows = []
     for schedule in args.schedules:
         for m in args.ms:
             x, y = data(m * args.micro_batch, args.dim, args.seed)
             xs, ys = [c.to(ctx.device) for c in x.chunk(m)], [c.to(ctx.device) for c in y.chunk(m)]
-            runs = []
+            runs, overhead = [], []
             for rep in range(args.warmup + args.repeats):
                 stage.zero_grad(set_to_none=True)
                 mine = run_schedule(schedule, stage, ctx, xs, ys, args.stage_ms)
                 every = [None] * ctx.world
                 dist.all_gather_object(every, mine)
+                # the same schedule and transfers with no compute: what the pipeline itself costs at this m
+                bare = [None] * ctx.world
+                dist.all_gather_object(bare, run_schedule(schedule, idle, ctx, xs, ys, 0.0)["events"])
                 if rep >= args.warmup:
                     events = [e for r in every for e in r["events"]]
                     runs.append((bubble(events)["mean"], events, every))
+                    overhead.append(bubble([e for r in bare for e in r])["makespan"])
             runs.sort(key=lambda r: r[0])
             med, events, every = runs[len(runs) // 2]
+            busy = [sum(e["end"] - e["start"] for e in events if e["stage"] == st) for st in range(ctx.world)]
             row = {"schedule": schedule, "p": ctx.world, "m": m, "bubble": med, "bubbles": [r[0] for r in runs],
                    "formula": bubble_formula(ctx.world, m), "events": events,
                    "makespan_s": bubble(events)["makespan"], "per_stage_bubble": bubble(events)["per_stage"],
+                   "busy_per_mb_s": statistics.fmean(busy) / m, "busy_mean_s": statistics.fmean(busy),
+                   "replay_makespan_s": bubble(replay(events, ctx.world, m, schedule))["makespan"],
+                   "overhead_makespans_s": overhead,
                    "peak_saved_bytes": [r["peak_saved_bytes"] for r in every],
                    "per_mb_bytes": [r["per_mb_bytes"] for r in every], "in_flight": [r["in_flight"] for r in every]}
             if "peak_cuda_bytes" in every[0]:
@@ -320,7 +363,9 @@ def naive_two_devices(devices: tuple[str, str], dim: int = 256, layers: int = 2,
     """One process, first half of the model on devices[0], second on devices[1] via .to(): who works when.
 
     Each step is forward A, forward B, backward B, backward A, one after another: while one device
-    computes, the other waits for it, so each is busy about half the time at best.
+    computes, the other waits for it, so each is busy about half the time at best. The events (for a
+    timeline) are timed with a synchronisation between the parts, so they cannot overlap by construction;
+    on two GPUs, `unsynced` also times the step as a program runs it, each half on its own GPU.
     """
     torch.manual_seed(0)
     model = make_model(2, layers, dim)
@@ -343,14 +388,57 @@ def naive_two_devices(devices: tuple[str, str], dim: int = 256, layers: int = 2,
         events.clear()
         h = timed(devices[0], "F A", lambda: a(x))
         hb = h.detach().to(devices[1]).requires_grad_()   # the copy between devices is the only link
-        loss = timed(devices[1], "F B", lambda: F.mse_loss(b(hb), y))
+        loss = timed(devices[1], "F B", lambda hb=hb: F.mse_loss(b(hb), y))
         timed(devices[1], "B B", loss.backward)
-        timed(devices[0], "B A", lambda: h.backward(hb.grad.to(devices[0])))
+        timed(devices[0], "B A", lambda h=h, hb=hb: h.backward(hb.grad.to(devices[0])))
         t0 = events[0]["start"]
         step = [{**e, "start": e["start"] - t0, "end": e["end"] - t0} for e in events]
         if best is None or step[-1]["end"] < best[-1]["end"]:
             best = step
-    return {"devices": list(devices), "events": best, **bubble(best)}
+    out = {"devices": list(devices), "events": best, **bubble(best)}
+    if all(d.startswith("cuda") for d in devices) and torch.device(devices[0]) != torch.device(devices[1]):
+        out["unsynced"] = unsynced_steps(a, b, x, y, devices, steps)
+    return out
+
+
+def unsynced_steps(a: nn.Module, b: nn.Module, x: torch.Tensor, y: torch.Tensor, devices: tuple[str, str],
+                   steps: int) -> dict:
+    """The same training step as a program runs it, with no synchronisation between the halves: each half's work
+    is timed by CUDA events on its own GPU, the whole step by the host clock (synchronised only before and after).
+    If the GPUs could work at the same time, their busy times would add up to more than the step."""
+    d0, d1 = torch.device(devices[0]), torch.device(devices[1])
+
+    def pair(dev):
+        with torch.cuda.device(dev):
+            return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def mark(ev, dev):
+        with torch.cuda.device(dev):
+            ev.record()
+
+    walls, busy = [], [[], []]
+    for _ in range(max(steps, 10) + 1):   # the first one warms up
+        fa, fb, ba = pair(d0), pair(d1), pair(d0)
+        for dev in (d0, d1):
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        mark(fa[0], d0)
+        h = a(x)
+        mark(fa[1], d0)
+        hb = h.detach().to(d1).requires_grad_()
+        mark(fb[0], d1)
+        F.mse_loss(b(hb), y).backward()
+        mark(fb[1], d1)
+        g = hb.grad.to(d0)
+        mark(ba[0], d0)
+        h.backward(g)
+        mark(ba[1], d0)
+        for dev in (d0, d1):
+            torch.cuda.synchronize(dev)
+        walls.append(time.perf_counter() - t0)
+        busy[0].append((fa[0].elapsed_time(fa[1]) + ba[0].elapsed_time(ba[1])) / 1e3)
+        busy[1].append(fb[0].elapsed_time(fb[1]) / 1e3)
+    return {"step_s": walls[1:], "busy_s": [busy[0][1:], busy[1][1:]]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -361,7 +449,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--micro-batch", type=int, default=8, help="rows per micro-batch")
     ap.add_argument("--ms", type=str, default="1,2,4,8", help="comma-separated micro-batch counts m to sweep")
     ap.add_argument("--schedules", type=str, default="gpipe,1f1b", help="comma-separated: gpipe, 1f1b")
-    ap.add_argument("--stage-ms", type=float, default=5.0, help="pad each forward to this many ms (backward to 2x); 0: compute only")
+    ap.add_argument("--stage-ms", type=float, default=5.0,
+                    help="pad each forward to this many ms (backward to 2x); 0: compute only")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per (schedule, m); the median is reported")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per (schedule, m) first")
     ap.add_argument("--check-m", type=int, default=4, help="micro-batches in the correctness check")
@@ -374,7 +463,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--ms takes comma-separated integers, e.g. 1,2,4,8")
     if bad := [v for v in args.schedules if v not in ORDERS]:
         ap.error(f"unknown schedule(s) {bad}: use gpipe and/or 1f1b")
-    if not args.ms or min(args.ms) < 1 or min(args.dim, args.layers, args.micro_batch, args.repeats, args.check_m, args.check_dim) < 1:
+    if not args.ms or min(args.ms) < 1 or min(args.dim, args.layers, args.micro_batch, args.repeats, args.check_m,
+                                              args.check_dim) < 1:
         ap.error("--ms, --dim, --layers, --micro-batch, --repeats, --check-m and --check-dim must be at least 1")
     if args.stage_ms < 0:
         ap.error("--stage-ms must be >= 0")

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from labkit.ddp_train import timed_on_slowest_rank
+from labkit.stats import quantile
 from labkit.parallel import launch
 
 PROG = "labkit.parallel.tensor_parallel"
@@ -107,7 +108,8 @@ class TensorParallelMLP(nn.Module):
     def __init__(self, mlp: MLP, rank: int, world: int):
         super().__init__()
         if mlp.up.out_features % world:
-            raise ValueError(f"hidden size {mlp.up.out_features} does not split over {world} ranks: use a multiple of {world}")
+            raise ValueError(f"hidden size {mlp.up.out_features} does not split over {world} ranks: "
+                             f"use a multiple of {world}")
         self.up, self.down = ColumnParallelLinear(mlp.up, rank, world), RowParallelLinear(mlp.down, rank, world)
 
     def forward(self, x):
@@ -147,9 +149,11 @@ def check(args, ctx: launch.Ctx) -> dict:
     ref_out = ref(xr)
     F.mse_loss(ref_out, y).backward()
     rows, cols = args.hidden // t, args.hidden // t
-    ref_shards = {"up.weight": ref.up.weight.grad[r * rows:(r + 1) * rows], "up.bias": ref.up.bias.grad[r * rows:(r + 1) * rows],
+    ref_shards = {"up.weight": ref.up.weight.grad[r * rows:(r + 1) * rows],
+                  "up.bias": ref.up.bias.grad[r * rows:(r + 1) * rows],
                   "down.weight": ref.down.weight.grad[:, r * cols:(r + 1) * cols], "down.bias": ref.down.bias.grad}
-    out = {"out_max_abs": float(ref_out.abs().max()), "grad_max_abs": max(float(v.abs().max()) for v in ref_shards.values()),
+    out = {"out_max_abs": float(ref_out.abs().max()),
+           "grad_max_abs": max(float(v.abs().max()) for v in ref_shards.values()),
            "x_grad_max_abs": float(xr.grad.abs().max())}
 
     hand = TensorParallelMLP(mlp, r, t)
@@ -159,9 +163,11 @@ def check(args, ctx: launch.Ctx) -> dict:
     fwd_calls, fwd_bytes = COMM["all_reduce_calls"], COMM["all_reduce_bytes"]
     F.mse_loss(yh, y).backward()
     out["hand"] = {"out_diff": float((yh - ref_out).abs().max()), "x_grad_diff": float((xh.grad - xr.grad).abs().max()),
-                   "grad_diff": max(float((dict(hand.named_parameters())[k].grad - v).abs().max()) for k, v in ref_shards.items()),
+                   "grad_diff": max(float((dict(hand.named_parameters())[k].grad - v).abs().max())
+                                    for k, v in ref_shards.items()),
                    "forward_all_reduces": fwd_calls, "forward_bytes": fwd_bytes,
-                   "backward_all_reduces": COMM["all_reduce_calls"] - fwd_calls, "backward_bytes": COMM["all_reduce_bytes"] - fwd_bytes,
+                   "backward_all_reduces": COMM["all_reduce_calls"] - fwd_calls,
+                   "backward_bytes": COMM["all_reduce_bytes"] - fwd_bytes,
                    "local_params": sum(p.numel() for p in hand.parameters())}
 
     dt = with_dtensor(mlp, dev, t)
@@ -171,8 +177,11 @@ def check(args, ctx: launch.Ctx) -> dict:
     with CommDebugMode() as bwd_mode:
         F.mse_loss(yd, y).backward()
     full_grads = {k: _full(p.grad) for k, p in dt.named_parameters()}
-    out["dtensor"] = {"out_diff": float((_full(yd) - ref_out).abs().max()), "x_grad_diff": float((xd.grad - xr.grad).abs().max()),
-                      "grad_diff": max(float((full_grads[k] - getattr(ref, k.split(".")[0]).get_parameter(k.split(".")[1]).grad).abs().max())
+    out["dtensor"] = {"out_diff": float((_full(yd) - ref_out).abs().max()),
+                      "x_grad_diff": float((xd.grad - xr.grad).abs().max()),
+                      "grad_diff": max(float((full_grads[k]
+                                              - getattr(ref, k.split(".")[0]).get_parameter(k.split(".")[1]).grad)
+                                             .abs().max())
                                        for k in full_grads),
                       "forward_comms": {str(k): v for k, v in fwd_mode.get_comm_counts().items()},
                       "backward_comms": {str(k): v for k, v in bwd_mode.get_comm_counts().items()},
@@ -186,9 +195,21 @@ def check(args, ctx: launch.Ctx) -> dict:
 
 
 def _timed(fn, iters: int, repeats: int, device: torch.device) -> list[float]:
-    """Seconds per call of fn over `iters` calls, `repeats` times, the slowest rank's each time (sorted)."""
+    """Seconds per call of fn over `iters` calls, `repeats` times, the slowest rank's each time (sorted): samples."""
     fn()
     return sorted(timed_on_slowest_rank(fn, iters, device) / iters for _ in range(repeats))
+
+
+def _interleaved(fns, iters: int, repeats: int, device: torch.device) -> list[list[float]]:
+    """Like `_timed` for several functions that take turns, repeat by repeat, so that a change in the machine's
+    load reaches all of them: one list of samples (seconds per call, sorted) per function."""
+    for fn in fns:
+        fn()
+    out = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, xs in zip(fns, out):
+            xs.append(timed_on_slowest_rank(fn, iters, device) / iters)
+    return [sorted(xs) for xs in out]
 
 
 def sweep(args, ctx: launch.Ctx) -> list[dict]:
@@ -201,21 +222,25 @@ def sweep(args, ctx: launch.Ctx) -> list[dict]:
         x = torch.randn(args.tokens, dim, device=ctx.device)
         buf = torch.randn(args.tokens, dim, device=ctx.device)
 
-        def tp_step():
+        def tp_step(hand=hand, x=x):
             hand(x.requires_grad_()).sum().backward()
 
-        def full_step():
+        def full_step(mlp=mlp, x=x):
             mlp(x).sum().backward()
 
-        tp = _timed(tp_step, args.iters, args.repeats, ctx.device)
-        ar = _timed(lambda: dist.all_reduce(buf), args.iters, args.repeats, ctx.device)
-        full = _timed(full_step, args.iters, args.repeats, ctx.device)   # on every rank at once, like the TP step
+        # the one-process step runs on every rank at once, like the TP step
+        tp, ar, full = _interleaved([tp_step, lambda buf=buf: dist.all_reduce(buf), full_step],
+                                    args.iters, args.repeats,
+                                    ctx.device)
         med = statistics.median
         nbytes = args.tokens * dim * 4
         rows.append({"dim": dim, "hidden": 4 * dim, "tokens": args.tokens, "tp_step_ms": med(tp) * 1e3,
-                     "tp_p20_ms": tp[0] * 1e3, "tp_p80_ms": tp[-1] * 1e3, "all_reduce_ms": med(ar) * 1e3,
+                     "tp_p20_ms": quantile(tp, 0.2) * 1e3, "tp_p80_ms": quantile(tp, 0.8) * 1e3,
+                     "all_reduce_ms": med(ar) * 1e3,
                      "comm_ms": 2 * med(ar) * 1e3, "full_step_ms": med(full) * 1e3,
                      "comm_fraction": min(1.0, 2 * med(ar) / med(tp)), "all_reduce_bytes": nbytes,
+                     "tp_samples_ms": [t * 1e3 for t in tp], "all_reduce_samples_ms": [t * 1e3 for t in ar],
+                     "full_samples_ms": [t * 1e3 for t in full],
                      "bytes_per_step": 2 * nbytes, "ring_bytes_per_rank": 2 * nbytes * 2 * (ctx.world - 1) / ctx.world,
                      "flops_per_step": 3 * 2 * 2 * args.tokens * dim * 4 * dim})
     return rows
@@ -225,7 +250,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     launch.add_common(ap)
     ap.add_argument("--dim", type=int, default=16, help="model width d of the correctness check")
-    ap.add_argument("--hidden", type=int, default=64, help="hidden width of the correctness check (a multiple of the ranks)")
+    ap.add_argument("--hidden", type=int, default=64,
+                    help="hidden width of the correctness check (a multiple of the ranks)")
     ap.add_argument("--tokens", type=int, default=32, help="rows (batch x sequence) per step")
     ap.add_argument("--dims", type=str, default="", help="comma-separated widths d to time ('' skips the sweep)")
     ap.add_argument("--iters", type=int, default=10, help="timed calls per repeat")
