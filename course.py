@@ -73,13 +73,24 @@ def _stamp_of(*paths: Path) -> str:
     return hashlib.sha1(b"".join(p.read_bytes() for p in paths)).hexdigest()
 
 
+def torch_outside_venv(py: str) -> bool:
+    """Whether the torch that `py` imports comes from outside its venv (this machine's own build, reused)."""
+    code = "import sys, torch; sys.exit(0 if torch.__file__.startswith(sys.prefix) else 3)"
+    return subprocess.run([py, "-c", code], capture_output=True).returncode == 3
+
+
 def install_locked(py: str) -> dict:
     """Install the locked versions into the venv of `py`; return what was installed (the stamp's record)."""
     have = installed_versions(py, ["torch", "triton"])
     record = {"lock": _stamp_of(ROOT / "pyproject.toml", LOCK, TORCH_PAIRS), "torch_from": "this machine"}
-    if have["torch"] is None:
+    if have["torch"] is not None and torch_outside_venv(py):
+        cuda = torch_pair("cuda")
+        print(f"course: keeping this machine's torch {have['torch']} and triton {have['triton']} (the GPU figures "
+              f"in reference/ were measured with torch {cuda['torch']} and triton {cuda['triton']})")
+    else:  # no torch yet, or one this venv holds: the locked CPU pair
         pair = torch_pair("cpu")
-        wanted = [f"torch=={pair['torch']}"] + ([f"triton=={pair['triton']}"] if sys.platform.startswith("linux") else [])
+        wanted = [f"torch=={pair['torch']}"] + ([f"triton=={pair['triton']}"] if sys.platform.startswith("linux")
+                                                else [])
         print(f"course: installing {' and '.join(wanted)} (locks/torch.toml)")
         _pip(py, *wanted, what="PyTorch")
         record["torch_from"] = "cpu"

@@ -5,20 +5,27 @@ all, and `python3 course.py test --latest` shows what the newest releases change
 touches them (tests/test_compat.py checks), except the Gluon kernel itself (kernels/matmul_tf32.py), which is
 written in Gluon and is loaded only through `gluon_matmul()`.
 
-| hook | what for | without it |
-|---|---|---|
-| `triton.experimental.gluon` (kernels/matmul_tf32.py) | TF32 matmul on Hopper without copying B | the TMA kernel, one warning |
-| `triton.tools.tensor_descriptor.TensorDescriptor` | host-side TMA descriptors (matmul) | the pointer kernel |
-| `triton.runtime.driver.active.utils.get_device_properties` | a GPU's shared memory per block | fewer pipeline stages |
-| `triton.runtime.jit.JITFunction.run`, `triton.runtime.interpreter.InterpretedFunction.run` | exercises see launches | no launch record: the check says so |
-| `triton.runtime.interpreter` (`_patch_lang_tensor`, `InterpreterBuilder`) | labkit.setup() mends the interpreter | as Triton has it |
-| `torch.cuda._compile_kernel`, `torch.cuda._utils` | NVRTC cluster kernels (labkit/cuda/rtc.py) | the Triton kernels, one warning |
-| `torch._C._cuda_getCurrentRawStream` | the current stream's handle, cheaply | `torch.cuda.current_stream()` |
-| `torch._scaled_mm` | FP8 matmuls (labkit.precision) | FP8 emulated |
-| `torch.cuda._sleep` | a GPU kernel that spins for a number of cycles | those sections skip |
-| `torch._dynamo.reset` | a clean torch.compile cache between cases | recompiles pile up |
-| `torch._functorch.config.donated_buffer` | compile baselines whose backward retains the graph | as PyTorch sets it |
-| `torch.utils._python_dispatch.TorchDispatchMode` | counting the ops a call runs (exercise 11) | none: it is needed |
+Each hook: what labkit uses it for; what happens without it.
+- `triton.experimental.gluon` (kernels/matmul_tf32.py): TF32 matmul on Hopper without copying B; without it,
+  the TMA kernel, with one warning.
+- `triton.tools.tensor_descriptor.TensorDescriptor`: host-side TMA descriptors (matmul); the pointer kernel.
+- `triton.runtime.driver.active.utils.get_device_properties`: a GPU's shared memory a block; torch's figure.
+- `triton.runtime.jit.JITFunction.run`, `triton.runtime.interpreter.InterpretedFunction.run`: the exercises
+  see which kernels a call launched; no launch record, and the checks say so.
+- `triton.runtime.interpreter` (`_patch_lang_tensor`, `InterpreterBuilder`): labkit.setup() mends the
+  interpreter; it runs as Triton has it.
+- `torch.cuda._compile_kernel`, `torch.cuda._utils`: the NVRTC cluster kernels (labkit/cuda/rtc.py); the
+  Triton kernels, with one warning.
+- `torch._C._cuda_getCurrentRawStream`: the current stream's handle, cheaply; `torch.cuda.current_stream()`.
+- `torch._scaled_mm`: FP8 matmuls (labkit.precision); FP8 emulated.
+- `torch.cuda._sleep`: a GPU kernel that spins for a number of cycles; those sections skip.
+- `torch._dynamo.reset`: a clean torch.compile cache between cases; recompiles pile up.
+- `torch._functorch.config.donated_buffer`: compile baselines whose backward retains the graph; as PyTorch
+  sets it.
+- `torch.utils._python_dispatch.TorchDispatchMode`: counting the ops a call runs (exercise 11); none, it is
+  needed.
+- `DistributedDataParallel._get_ddp_logging_data`: the sizes of DDP's gradient buckets (labkit.ddp_train);
+  one bucket of every gradient assumed.
 """
 from __future__ import annotations
 
@@ -147,6 +154,16 @@ def allow_retained_backward_in_compile() -> None:
         functorch_config.donated_buffer = False
     except (ImportError, AttributeError):
         pass
+
+
+def ddp_bucket_sizes(ddp: Any) -> list[int]:
+    """The sizes (bytes) of a DistributedDataParallel model's gradient buckets, in the order it fills them, from
+    its logging data (after its first backward DDP regroups them in the order gradients become ready); [] where
+    that data is missing."""
+    getter = getattr(ddp, "_get_ddp_logging_data", None)
+    data = getter() if callable(getter) else {}
+    sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
+    return [int(v) for v in str(sizes).split(",") if v.strip()]
 
 
 def dispatch_mode() -> type:

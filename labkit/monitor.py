@@ -99,7 +99,8 @@ class Sampler:
     def _read(self) -> dict[str, Any]:
         n, h = self._nvml, self._handle
         util = n.nvmlDeviceGetUtilizationRates(h)
-        reasons = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
+        reasons = (getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                   or n.nvmlDeviceGetCurrentClocksThrottleReasons)
         return {"t": time.perf_counter() - self._t0, "util_gpu": util.gpu, "util_mem": util.memory,
                 "mem_used_gib": n.nvmlDeviceGetMemoryInfo(h).used / 2**30,
                 "sm_mhz": n.nvmlDeviceGetClockInfo(h, getattr(n, "NVML_CLOCK_SM", 1)),

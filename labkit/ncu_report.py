@@ -118,7 +118,8 @@ def parse_ncu_csv(text: str) -> list[KernelLaunch]:
         key = row[col["ID"]]
         k = launches.get(key)
         if k is None:
-            k = launches[key] = KernelLaunch(key, row[col["Kernel Name"]], row[col["Block Size"]] if "Block Size" in col else "",
+            k = launches[key] = KernelLaunch(key, row[col["Kernel Name"]],
+                                             row[col["Block Size"]] if "Block Size" in col else "",
                                              row[col["Grid Size"]] if "Grid Size" in col else "")
         if long:
             name = row[col["Metric Name"]]

@@ -39,7 +39,8 @@ def ncu_problem(output: str) -> str | None:
     """One line saying why ncu made no report (counters not permitted, nothing matched), or None."""
     if "ERR_NVGPUCTRPERM" in output:
         return ("ncu may not read the GPU's performance counters here (ERR_NVGPUCTRPERM): an admin must allow "
-                "them for all users (nvidia kernel module option NVreg_RestrictProfilingToAdminUsers=0), or run ncu as root")
+                "them for all users (nvidia kernel module option NVreg_RestrictProfilingToAdminUsers=0), "
+                "or run ncu as root")
     if "No kernels were profiled" in output:
         return "ncu ran but profiled no kernel: the NVTX range or kernel-name filter matched nothing"
     errors = [line for line in output.splitlines() if line.startswith("==ERROR==")]

@@ -16,6 +16,7 @@ from typing import Iterator
 
 import torch
 
+from labkit import compat
 from labkit.device import current
 from labkit.timing import Timing, bench, tflops
 
@@ -203,7 +204,7 @@ def fp8_supported(device: torch.device | str | None = None) -> tuple[bool, str]:
     if torch.cuda.get_device_capability(dev) < (8, 9):
         cc = ".".join(map(str, torch.cuda.get_device_capability(dev)))
         return False, f"this GPU (compute capability {cc}) has no FP8 tensor cores; they start at 8.9 (Ada, Hopper)"
-    if not hasattr(torch, "_scaled_mm"):
+    if compat.scaled_mm() is None:
         return False, f"torch {torch.__version__} has no torch._scaled_mm"
     return True, ""
 
@@ -231,8 +232,9 @@ def fp8_matmul(a: torch.Tensor, b: torch.Tensor, emulate: bool = False) -> torch
     if not ok:
         raise RuntimeError(f"{why}; pass emulate=True to see FP8's rounding error without its speed")
     if any(s % 16 for s in (*a.shape, b.shape[1])):
-        raise ValueError(f"torch._scaled_mm needs sizes that are multiples of 16, got {tuple(a.shape)} @ {tuple(b.shape)}")
-    out = torch._scaled_mm(a8, b8.t().contiguous().t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        raise ValueError(f"torch._scaled_mm needs sizes that are multiples of 16, "
+                         f"got {tuple(a.shape)} @ {tuple(b.shape)}")
+    out = compat.scaled_mm()(a8, b8.t().contiguous().t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
     return out[0] if isinstance(out, tuple) else out  # older torch returned (out, amax)
 
 
@@ -246,5 +248,6 @@ def fp8_rate(n: int, device: torch.device | str | None = None, rep_ms: float = 1
     a8, sa = to_fp8(torch.randn(n, n, device=dev))
     b8, sb = to_fp8(torch.randn(n, n, device=dev))
     b8 = b8.t().contiguous().t()
-    t = bench(lambda: torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16), rep_ms=rep_ms, device=dev)
+    scaled_mm = compat.scaled_mm()
+    t = bench(lambda: scaled_mm(a8, b8, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16), rep_ms=rep_ms, device=dev)
     return MatmulRate(n=n, precision="fp8", timing=t, tflops=tflops(2 * n**3, t.median_ms))

@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from labkit import compat
 from labkit.chrome_trace import (API_CATS, DEVICE_CATS, KEEP_ARGS, KEEP_CATS, ROOT, SHIPPED_TRACE, complete,
                                  is_launch, load_trace, range_of, shipped_trace, spans, top_level, trim)
 from labkit.ncu_report import NCU_METRICS, SHIPPED_NCU, KernelLaunch, format_table, kernel_table, parse_ncu_csv
@@ -59,7 +60,7 @@ def check(out: Path) -> int:
         print(csv_text[:2000])
     sampler = monitor.Sampler(interval_s=0.05)
     with sampler:
-        torch.cuda._sleep(int(2e9))
+        compat.gpu_sleep()(int(2e9))
         torch.cuda.synchronize()
     print(f"NVML: {len(sampler.samples)} samples; {sampler.message or 'ok'}")
     if sampler.samples:

@@ -36,24 +36,39 @@ def parse_value(text: str):
         return text
 
 
+KINDS = {"int": int, "float": float, "bool": bool, "str": str, "list": list}
+
+
 def declared_parameters(path: Path) -> dict[str, object]:
     """The names in a notebook's `parameters` cell and their defaults (as Python values where literal)."""
+    return {name: default for name, (default, _) in declared_parameter_kinds(path).items()}
+
+
+def declared_parameter_kinds(path: Path) -> dict[str, tuple[object, str | None]]:
+    """name -> (default, kind) of a notebook's parameters: the kind from an annotation (`max_bytes: int = None`),
+    else from a literal default, else None (unknown)."""
     import papermill
 
-    found = {}
+    found: dict[str, tuple[object, str | None]] = {}
     for name, p in papermill.inspect_notebook(str(path)).items():
         try:
-            found[name] = ast.literal_eval(p["default"])
+            default = ast.literal_eval(p["default"])
         except (ValueError, SyntaxError):
-            found[name] = p["default"]  # an expression: its type is unknown
+            default = p["default"]  # an expression: its type is unknown
+        kind = p.get("inferred_type_name")
+        if kind not in KINDS:
+            literal = type(default).__name__
+            kind = literal if literal in KINDS and default is not None else None
+        found[name] = (default, kind)
     return found
 
 
 def check_parameters(parameters: dict, notebooks: list[Path]) -> dict[Path, dict]:
     """Each notebook's share of `parameters`, after refusing names no notebook declares and malformed values."""
-    from labkit.device import _device_param, parse_flag
+    from labkit.device import parse_flag
 
-    declared = {path: declared_parameters(path) for path in notebooks}
+    kinds = {path: declared_parameter_kinds(path) for path in notebooks}
+    declared = {path: {n: d for n, (d, _) in k.items()} for path, k in kinds.items()}
     known = sorted(set().union(*declared.values())) if declared else []
     for name, value in parameters.items():
         if name not in known:
@@ -70,21 +85,23 @@ def check_parameters(parameters: dict, notebooks: list[Path]) -> dict[Path, dict
             except RuntimeError as exc:
                 raise ValueError(f"parameter device={value!r}: {exc}") from None
         else:
-            defaults = {d[name] for d in declared.values() if name in d and isinstance(d[name], (bool, int, float, str))}
-            for default in defaults:
-                _check_like(name, value, default)
+            for kind in {k[name][1] for k in kinds.values() if name in k and k[name][1]}:
+                _check_kind(name, value, kind)
     return {path: {k: v for k, v in parameters.items() if k in declared[path]} for path in notebooks}
 
 
-def _check_like(name: str, value: object, default: object) -> None:
-    """Refuse a value of another kind than the notebook's default (a list where a number goes)."""
-    numeric = (int, float)
-    ok = (isinstance(value, bool) if isinstance(default, bool)
-          else isinstance(value, numeric) and not isinstance(value, bool) if isinstance(default, numeric)
-          else isinstance(value, str))
-    if value is not None and not ok:
-        raise ValueError(f"parameter {name}={value!r}: the notebook expects a {type(default).__name__} "
-                         f"like its default {default!r}.")
+def _check_kind(name: str, value: object, kind: str) -> None:
+    """Refuse a value of another kind than the notebook declares (a word where a number goes); None always fits."""
+    ok = {"bool": lambda v: isinstance(v, bool),
+          "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+          "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          "str": lambda v: isinstance(v, str),
+          "list": lambda v: isinstance(v, list)}[kind]
+    if value is not None and not ok(value):
+        example = {"bool": "true", "int": "4096", "float": "1.5", "str": "text", "list": "[1024, 2048]"}[kind]
+        raise ValueError(f"parameter {name}={value!r}: the notebook expects {'an' if kind == 'int' else 'a'} {kind} "
+                         f"(e.g. -p {name} {example}), "
+                         f"or null for its default.")
 
 
 def _wants_full_size_on_cpu(parameters: dict) -> bool:
@@ -195,7 +212,8 @@ def write_summary(entries: list[dict], out_dir: Path, parameters: dict, facts: d
     lines = ["# Batch run", "", f"Parameters: `{json.dumps(parameters)}`"]
     if m:
         lines.append(f"Machine: {m.get('GPU', 'no GPU')} / {m.get('CPU', '?')}; torch {m.get('torch', '?')}, "
-                     f"triton {m.get('triton', '?')}; quick mode {facts.get('quick')}; finished {facts.get('finished')}")
+                     f"triton {m.get('triton', '?')}; quick mode {facts.get('quick')}; "
+                     f"finished {facts.get('finished')}")
     lines += ["", "| notebook | status | seconds | claims held / differ / failed / inconclusive / skipped | error |",
               "|---|---|---|---|---|"]
     for e in entries:

@@ -96,7 +96,8 @@ def make_app(run_batch: Callable[[torch.Tensor], torch.Tensor], d_in: int, max_b
             yield
         finally:
             await batcher.close(drain=True)
-            print(f"labkit.server drained: {batcher.stats.served} served, {batcher.stats.rejected} rejected", flush=True)
+            print(f"labkit.server drained: {batcher.stats.served} served, {batcher.stats.rejected} rejected",
+                  flush=True)
 
     async def predict(request):
         x = parse_input(await request.body(), d_in)

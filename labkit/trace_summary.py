@@ -104,7 +104,8 @@ def summarize(trace: dict[str, Any], within: str | None = None, track: str = "au
             events = device
         label = "GPU kernels and copies"
     else:
-        ops = [e for e in complete(trace, ("cpu_op",)) if lo <= float(e["ts"]) and float(e["ts"]) + float(e["dur"]) <= hi]
+        ops = [e for e in complete(trace, ("cpu_op",))
+               if lo <= float(e["ts"]) and float(e["ts"]) + float(e["dur"]) <= hi]
         events = top_level(ops)
         label = "CPU top-level ops"
     if not events:

@@ -100,7 +100,8 @@ def committed_text(path) -> str:
 
 # --- Triton kernel tests (labkit/kernels) ---
 # bf16 keeps 8 significant bits: rounded to nearest, a result is within 2^-9 (0.2%) of exact; fp32 math inside a
-# kernel adds a little. (Triton's interpreter truncated instead, one unit low in a quarter of elements; setup() fixes it.)
+# kernel adds a little. (Triton's interpreter truncated instead, one unit low in a quarter of elements; setup()
+# fixes it.)
 KERNEL_TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 6e-3}
 
 

@@ -57,7 +57,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def browser_view(server, tmp_path_factory):
+def browser_view(server, tmp_path_factory):  # noqa: F811  (the fixture imported above)
     """Open the printed address in headless Chromium; return (rendered?, links, screenshot path)."""
     from tornado.websocket import websocket_connect
 
@@ -100,7 +100,8 @@ def browser_view(server, tmp_path_factory):
     return rendered, links, shot
 
 
-def test_the_index_renders_in_a_browser_and_its_links_open(browser_view, server):
+def test_the_index_renders_in_a_browser_and_its_links_open(browser_view,
+                                                           server):  # noqa: F811  (the fixture imported above)
     rendered, links, _ = browser_view
     assert rendered, "the index did not render within 2 minutes"
     token = server[0].split("token=")[1]

@@ -11,7 +11,7 @@ FAKE = """#!/bin/sh
 case "$*" in
   *"-q -d CLOCK"*) echo "Clocks"; echo "    SM                                : 1980 MHz";;
   *"-lms"*) for i in 1 2 3; do echo "2026/11/22 16:05:12.$((i * 100)), $((1900 + i)), 650.5, 54"; sleep 0.05; done;
-            echo "not a sample"; exec sleep 30;;
+            echo "not a sample"; : > "$FAKE_SMI_PRINTED"; exec sleep 30;;
   *"--query-gpu=clocks.sm,clocks.max.sm"*) echo "1755, 1980, 2619, 412.25, 700.00, [N/A]";;
   *) exit 3;;
 esac
@@ -24,6 +24,7 @@ def fake_smi(tmp_path, monkeypatch):
     path.write_text(FAKE)
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SMI_PRINTED", str(tmp_path / "printed"))  # made once the samples are all out
     return path
 
 
@@ -44,9 +45,14 @@ def test_report_and_query(fake_smi):
 
 
 def test_sampler_parses_lines_and_stops_the_process(fake_smi):
+    import time
+
+    printed = fake_smi.parent / "printed"
     with clocks.Sampler("0", every_ms=50) as s:
-        import time
-        time.sleep(0.4)
+        for _ in range(6000):  # until the fake has printed every line, however slow the machine (the bound: a hang)
+            if printed.exists():
+                break
+            time.sleep(0.01)
     assert [x.sm_mhz for x in s.samples] == [1901, 1902, 1903]
     assert s.samples[0].power_w == 650.5 and s.samples[0].temp_c == 54
     assert s._proc.poll() is not None  # terminated, not left running

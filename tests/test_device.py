@@ -41,8 +41,9 @@ def test_asking_for_a_missing_gpu_says_what_to_do(restore_setup):
 
 
 def test_unknown_device_is_refused():
-    with pytest.raises(ValueError, match="use 'cuda' or 'cpu'"):
-        device.choose_device("mps:0")
+    for name in ("mps:0", "gpu", "cuda0"):
+        with pytest.raises(ValueError, match=f"device='{name}' is not a device name: use 'cuda', 'cuda:1' or 'cpu'"):
+            device.choose_device(name)
 
 
 @pytest.mark.parametrize("value,expected", [("1", True), ("0", False), ("", None), ("yes", True)])

@@ -76,7 +76,7 @@ def test_timeline_judge_counts_answers_and_batch_sizes():
     assert "more than max_batch=2" in judge(case["expected"], {"batch_sizes": [3], "launches_s": [2e-4]})[0]
 
 
-def test_grader_gives_the_solution_full_marks_and_wrong_policies_less(tmp_path):
+def test_grader_gives_the_solution_full_marks_and_wrong_policies_less(tmp_path, grader_sandbox_flags):
     subs, out = tmp_path / "subs", tmp_path / "out"
     sol = json.loads((SOLUTIONS / f"{NB}.ipynb").read_text())
     notebooks = {"solution": sol, "exercise": json.loads((EXERCISES / f"{NB}.ipynb").read_text())}
@@ -96,7 +96,7 @@ def test_grader_gives_the_solution_full_marks_and_wrong_policies_less(tmp_path):
         (subs / student).mkdir(parents=True)
         (subs / student / f"{NB}.ipynb").write_text(json.dumps(content))
     cmd = [sys.executable, "-m", "labkit.cli", "grade", str(subs), "--out", str(out), "--only", NB, "--workers", "2",
-           "--timeout", "60", "--exercise-timeout", "15", "--device", "cpu"]
+           "--timeout", "60", "--exercise-timeout", "15", "--device", "cpu", *grader_sandbox_flags]
     run = subprocess.run(cmd, cwd=ROOT, env=child_env(ROOT), capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -106,7 +106,8 @@ def test_grader_gives_the_solution_full_marks_and_wrong_policies_less(tmp_path):
     assert rows["solution"]["launch_delay"] == rows["solution"]["out_of"] == "2", feedback["solution"]
     assert rows["exercise"]["launch_delay"] == "0" and "not done yet" in feedback["exercise"]
     assert float(rows["always_now"]["launch_delay"]) < 1 and "launched too early" in feedback["always_now"]
-    assert float(rows["always_max_delay"]["launch_delay"]) < 1 and "keeps answering 'wait'" in feedback["always_max_delay"]
+    assert (float(rows["always_max_delay"]["launch_delay"]) < 1
+            and "keeps answering 'wait'" in feedback["always_max_delay"])
     # the import trick scores zero and says why; the notebook's own use of labkit.batcher still ran (no cell error)
     assert rows["importer"]["launch_delay"] == "0", feedback["importer"]
     assert "is what exercise 12_serving asks you to write" in feedback["importer"], feedback["importer"]

@@ -1,4 +1,5 @@
 """exercises/ is generated from solutions/, stays in step with it, and the student checks say what is wrong."""
+import functools
 import json
 import linecache
 import re
@@ -8,7 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import committed_text
+from fake_clock import FakeClock
 from labkit import check
+from labkit.exercises import ex03_timing, ex11_profiling, ex13_capstone
 from labkit.exercises import notebooks as exercises
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,6 +23,44 @@ GRADED_FUNCTIONS = ["causal_mask", "to_device", "pinned_copy", "overlapped_map",
 
 
 RELEASED_AS_BASELINE = {"make_trainer"}  # exercise 13 starts from the baseline training loop, which runs
+
+# What the timed code "takes" on the graders' fake clock (speed is the benchmarks' and the notebooks' to measure):
+SLOW_TRAIN_S, FAST_TRAIN_S = 0.010, 0.001  # exercise 11: a solution 10x faster than slow_train
+BASELINE_ROUND_S, MY_ROUND_S = 1.0, 0.5  # exercise 13: a loop twice as fast as the baseline
+
+
+def takes(fn, seconds: float, clock: FakeClock):
+    """`fn`, moving `clock` on by `seconds` per call: the time it takes, as far as the grader can tell."""
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            clock.advance(seconds)
+    return timed
+
+
+def on_controlled_clock(name: str, monkeypatch):
+    """For a timed exercise, its grader's clock made fake and the grader's own reference taking a set time; returns
+    `wrap(fn, seconds=...)` for the student's function (as it is, for an exercise that times nothing)."""
+    clock = FakeClock()
+    if name == "fast_train":
+        monkeypatch.setattr(ex11_profiling, "_CLOCK", clock.perf_counter)
+        monkeypatch.setattr(ex11_profiling, "slow_train", takes(ex11_profiling.slow_train, SLOW_TRAIN_S, clock))
+        return lambda fn, seconds=FAST_TRAIN_S: takes(fn, seconds, clock)
+    if name == "make_trainer":
+        monkeypatch.setattr(ex13_capstone, "_CLOCK", clock.perf_counter)
+        monkeypatch.setattr(ex13_capstone, "BaselineTrainer",
+                            takes(ex13_capstone.BaselineTrainer, BASELINE_ROUND_S, clock))
+        return lambda fn, seconds=MY_ROUND_S: takes(fn, seconds, clock)
+    if name == "median_ms":  # the grader's sleeps and the student's perf_counter, on one clock: durations exact
+        monkeypatch.setattr(ex03_timing, "time", clock)
+
+        def on_clock(fn):
+            fn.__globals__["time"] = clock  # (the namespace functions_from made for this notebook alone)
+            return fn
+        return on_clock
+    return lambda fn: fn
 
 
 def test_every_cpu_graded_function_is_checked_here():
@@ -45,19 +87,32 @@ def functions_from(path: Path) -> dict:
     return ns
 
 
-def test_exercises_are_up_to_date_with_solutions():
-    assert exercises.stale(SOLUTIONS, EXERCISES) == [], "run `labkit exercises build`"
-    assert exercises.main(["check"]) == 0
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory):
+    """solutions/ and exercises/ as git's index holds them: a student who works in exercises/ (edits, saved
+    outputs) changes their own copy, not what these tests check."""
+    root = tmp_path_factory.mktemp("committed")
+    for folder in (SOLUTIONS, EXERCISES):
+        (root / folder.name).mkdir()
+        for nb in folder.glob("*.ipynb"):
+            (root / folder.name / nb.name).write_text(committed_text(nb))
+    return root / SOLUTIONS.name, root / EXERCISES.name
 
 
-def test_every_solution_notebook_has_a_generated_exercise_without_its_answers():
-    sources = exercises.solution_notebooks(SOLUTIONS)
+def test_exercises_are_up_to_date_with_solutions(committed):
+    solutions, released = committed
+    assert exercises.stale(solutions, released, root=solutions.parent) == [], "run `labkit exercises build`"
+
+
+def test_every_solution_notebook_has_a_generated_exercise_without_its_answers(committed):
+    solutions, released = committed
+    sources = exercises.solution_notebooks(solutions)
     assert len(sources) >= 8
     for src in sources:
-        ex = json.loads((EXERCISES / src.name).read_text())
+        ex = json.loads((released / src.name).read_text())
         meta = ex["metadata"]["labkit"]
         assert meta["generated_from"] == f"solutions/{src.name}" and meta["exercise"] == src.stem
-        assert not exercises.hand_edited(EXERCISES / src.name)
+        assert not exercises.hand_edited(released / src.name)
         text = "\n".join(code_of(ex))
         assert "SOLUTION" not in text and "NotImplementedError" in text
         for cell in code_of(ex):
@@ -80,7 +135,8 @@ def test_stub_keeps_indentation_and_uses_the_hint():
     with pytest.raises(NotImplementedError, match="return y"):
         ns["f"](1)
     assert ns["f"](0) == 1
-    assert 'NotImplementedError("write this part")' in exercises.stub_source("# BEGIN SOLUTION\nx = 1\n# END SOLUTION\n")
+    assert ('NotImplementedError("write this part")'
+            in exercises.stub_source("# BEGIN SOLUTION\nx = 1\n# END SOLUTION\n"))
 
 
 @pytest.mark.parametrize("bad, why", [("# BEGIN SOLUTION\nx = 1\n", "never closed"),
@@ -119,14 +175,15 @@ def test_build_refuses_to_overwrite_hand_edits_and_check_sees_stale_exercises(tm
 
 
 @pytest.mark.parametrize("name", GRADED_FUNCTIONS)
-def test_solutions_pass_their_visible_checks_and_exercises_say_not_done(name, capsys):
+def test_solutions_pass_their_visible_checks_and_exercises_say_not_done(name, capsys, monkeypatch):
+    timed = on_controlled_clock(name, monkeypatch)  # before the notebooks' cells run: they import from labkit
     nb = next(p for p in exercises.solution_notebooks(SOLUTIONS) if f"def {name}(" in p.read_text())
-    assert check.run_check(name, functions_from(nb)[name]) is True
+    assert check.run_check(name, timed(functions_from(nb)[name])) is True
     assert "✓" in capsys.readouterr().out
     if name in RELEASED_AS_BASELINE:  # a working loop from the start: the grader gives it the baseline's points
-        assert check.run_check(name, functions_from(EXERCISES / nb.name)[name]) is True
+        assert check.run_check(name, timed(functions_from(EXERCISES / nb.name)[name])) is True
         return
-    assert check.run_check(name, functions_from(EXERCISES / nb.name)[name]) is False
+    assert check.run_check(name, timed(functions_from(EXERCISES / nb.name)[name])) is False
     out = capsys.readouterr().out
     assert "not done yet:" in out and "Traceback" not in out
 
@@ -211,15 +268,21 @@ def test_attention_check_needs_the_notebooks_own_triton_kernel(capsys, tmp_path)
     assert "elements differ" in capsys.readouterr().out
 
 
-def test_profiling_check_measures_the_speed_up_and_the_results(capsys):
-    from labkit.exercises.ex11_profiling import slow_train
-
-    assert check.fast_train(slow_train) is False  # right results, no faster
+def test_profiling_check_measures_the_speed_up_and_the_results(capsys, monkeypatch):
+    slow_train = ex11_profiling.slow_train
+    timed = on_controlled_clock("fast_train", monkeypatch)
+    assert check.fast_train(timed(slow_train, SLOW_TRAIN_S)) is False  # right results, no faster
     out = capsys.readouterr().out
-    assert "speed-up:" in out and "measured by the grader" in out and "at least 2x is needed" in out
+    assert "speed-up: 1.00x, measured by the grader" in out and "at least 2x is needed" in out
     fast = functions_from(SOLUTIONS / "11_profiling.ipynb")["fast_train"]
-    assert check.fast_train(lambda p, xs, ys, lr, momentum, max_norm: fast(p, xs, ys, lr, momentum, 1e9)) is False
-    assert "results[0][0]['w1']" in capsys.readouterr().out  # no clipping: other parameters
+    assert check.fast_train(timed(fast, SLOW_TRAIN_S / 1.5)) is False  # every fix made, but only 1.5x
+    out = capsys.readouterr().out
+    assert "speed-up: 1.50x" in out and "at least 2x is needed" in out and "clip:" not in out and "ops:" not in out
+    assert check.fast_train(timed(fast, SLOW_TRAIN_S / 2.5)) is True  # 2.5x
+    capsys.readouterr()
+    unclipped = timed(lambda p, xs, ys, lr, momentum, max_norm: fast(p, xs, ys, lr, momentum, 1e9))
+    assert check.fast_train(unclipped) is False
+    assert "results[0][0]['w1']" in capsys.readouterr().out  # no clipping: other parameters, however fast
 
 
 PARTLY_FIXED = {  # slow_train with some of the fixes the exercise asks for (each keeps the results right)

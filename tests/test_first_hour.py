@@ -22,7 +22,7 @@ def test_every_notebook_has_a_cpu_and_a_gpu_time_with_its_machine():
 def test_the_index_computes_the_time_table_from_the_data():
     index = nbformat.read(ROOT / "notebooks" / "index.ipynb", as_version=4)
     code = "\n".join(c.source for c in index.cells if c.cell_type == "code")
-    assert "durations.json" in code and "reference.runs()" in code
+    assert "durations.json" in code and "reference.by_notebook()" in code
     prose = "\n".join(c.source for c in index.cells if c.cell_type == "markdown")
     assert not re.search(r"\d+\s*(s|min|seconds|minutes)\b", prose)  # no typed durations
 

@@ -6,6 +6,7 @@ one `labkit grade` call with two workers, so the expensive part (a child process
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +15,16 @@ import pytest
 import torch
 
 from labkit import check, exercises
-from labkit.grading import judge, sandbox, specs, submissions
+from labkit.exercises.ex11_profiling import MIN_SPEEDUP
+from labkit.grading import judge, specs, submissions
 from labkit.paths import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
-TIMEOUT = 25  # per notebook; the stubborn student below costs this once
-NO_SANDBOX = sandbox.problem() is not None  # then the audit hook alone: what these tests check holds with it
+TIMEOUT = 45  # per notebook; the stubborn student below costs this once
+# per graded function (all its cases) and per cell: the looper below costs this once. Limits, not speed checks: far
+# above what honest code takes on a loaded 2-core machine (fast_train, the slowest: ~4 s for its two cases there)
+EXERCISE_TIMEOUT = 15
 
 
 def nb(name: str, folder: Path = SOLUTIONS) -> dict:
@@ -60,7 +64,7 @@ def visible_attainable_table() -> dict:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def graded(tmp_path_factory, grader_sandbox_flags):
     base = tmp_path_factory.mktemp("grading")
     subs, out = base / "submissions", base / "out"
     subs.mkdir()
@@ -88,7 +92,8 @@ def graded(tmp_path_factory):
         "return min(peak_tflops,", "import sys; sys.exit(3); return min(peak_tflops,"), "raise RuntimeError('oops')")})
     # a hard crash (segfault) in one function: the next function of that notebook is still graded
     save(subs, "crasher", {"07_mixed_precision": edit(
-        nb("07_mixed_precision"), "return any(g is not None", "import ctypes; ctypes.string_at(0); return any(g is not None")})
+        nb("07_mixed_precision"), "return any(g is not None",
+        "import ctypes; ctypes.string_at(0); return any(g is not None")})
     # os._exit in the second function of a notebook
     save(subs, "exiter", {"04_roofline": edit(nb("04_roofline"), "return min(peak_tflops,",
                                               "import os; os._exit(0); return min(peak_tflops,")})
@@ -104,11 +109,14 @@ def graded(tmp_path_factory):
     save(subs, "hog", {"08_data_parallel": edit(edit(
         nb("08_data_parallel"), "return [torch.stack(grads).mean(0)",
         "hog = []\n    while True:\n        hog.append(b'\\1' * (64 * 2**20))\n    return [torch.stack(grads).mean(0)"),
-        "return [p.grad.detach().clone()", "torch.ones(2**38, dtype=torch.uint8)\n    return [p.grad.detach().clone()")})
+        "return [p.grad.detach().clone()",
+        "torch.ones(2**38, dtype=torch.uint8)\n    return [p.grad.detach().clone()")})
     # redefines the checks, monkeypatches torch, caches the visible answers
-    cheat = add_cell(edit(nb("01_device_placement"), "return torch.ones(t, t, dtype=torch.bool, device=x.device).tril()",
+    cheat = add_cell(edit(nb("01_device_placement"),
+                          "return torch.ones(t, t, dtype=torch.bool, device=x.device).tril()",
                           "return torch.zeros(t, t, dtype=torch.bool, device=x.device)"),
-                     "import labkit.check\nlabkit.check.causal_mask = lambda fn: True\ncheck.causal_mask = lambda fn: True\n"
+                     "import labkit.check\nlabkit.check.causal_mask = lambda fn: True\n"
+                     "check.causal_mask = lambda fn: True\n"
                      "torch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n"
                      "torch.Tensor.__ne__ = lambda *a, **k: torch.tensor(False)\n"
                      "torch.testing.assert_close = lambda *a, **k: None\n")
@@ -116,7 +124,8 @@ def graded(tmp_path_factory):
     cached = edit(nb("04_roofline"), "return min(peak_tflops, flops / nbytes * peak_gbps / 1e3)",
                   f"return {table!r}.get((flops, nbytes, peak_tflops, peak_gbps), 1.0)")
     sdpa = edit(nb("09_attention"), "    q, k, v = (t if t.stride(-1) == 1",
-                "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n    q, k, v = (t if t.stride(-1) == 1")
+                "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"
+                "    q, k, v = (t if t.stride(-1) == 1")
     save(subs, "cheater", {"01_device_placement": cheat, "04_roofline": cached, "09_attention": sdpa})
     # reads the solutions and the graded tests, writes the grades, signals the grader
     snoop = edit(nb("04_roofline"), "return 2 * m * n * k, (m * k + k * n + m * n) * itemsize",
@@ -136,8 +145,9 @@ def graded(tmp_path_factory):
 
     env = child_env(ROOT)
     cmd = [sys.executable, "-m", "labkit.cli", "grade", str(subs), "--out", str(out), "--workers", "2",
-           "--timeout", str(TIMEOUT), "--exercise-timeout", "4", "--memory-mb", "1000", "--device", "cpu"]
-    cmd += ["--unsafe-no-sandbox"] if NO_SANDBOX else []  # tests/test_grade_sandbox.py needs bubblewrap
+           "--timeout", str(TIMEOUT), "--exercise-timeout", str(EXERCISE_TIMEOUT), "--memory-mb", "1000",
+           "--device", "cpu"]
+    cmd += grader_sandbox_flags
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     with open(out / "grades.csv", newline="") as f:
@@ -146,12 +156,29 @@ def graded(tmp_path_factory):
     return rows, feedback, run.stdout
 
 
+def speed_up_misses(fb: str) -> int:
+    """How many fast_train cases a feedback file reports as under the minimum speed-up (each with the figure the
+    grader measured). Which ones are is the machine's luck; that each costs that case's speed-up share is not."""
+    missed = 0
+    for line in fb.splitlines():
+        figures = re.findall(r"speed-up: ([0-9.]+)x, measured by the grader", line)
+        assert all(float(x) <= MIN_SPEEDUP for x in figures), line  # (printed to 2 decimals: 1.999 reads 2.00)
+        every = re.search(r"on all (\d+) case\(s\)", line)
+        missed += len(figures) * (int(every.group(1)) if every else 1)
+    return missed
+
+
 def test_solutions_score_full_marks_and_gpu_work_is_marked_needs_gpu(graded):
     rows, feedback, _ = graded
-    r = rows["solution"]
+    r, fb = rows["solution"], feedback["solution"]
     assert r["scale_kernel_source"] == judge.NEEDS_GPU  # graded with --device cpu
-    assert r["total"] == r["out_of"] == "22", feedback["solution"]
-    assert "do not count against you" in feedback["solution"]
+    # full marks, except fast_train's speed-up share (a fifth of a case's points), lost only in the cases where the
+    # grader measured under 2x on this machine; its results and fixes score in full whatever the machine's load
+    missed = speed_up_misses(fb)
+    assert float(r["fast_train"]) == pytest.approx(2 - missed / 5), fb
+    assert float(r["total"]) == pytest.approx(22 - missed / 5) and r["out_of"] == "22", fb
+    assert not re.search(r"\b(clip|sync|copies|ops): ", fb), fb
+    assert "do not count against you" in fb
 
 
 def test_untouched_exercises_score_zero_with_not_done_yet(graded):
@@ -169,7 +196,10 @@ def test_wrong_answers_lose_marks_with_what_is_wrong(graded):
     assert r["accumulated_grads"] == "0" and "wrong dtype: expected torch.float32, got torch.float64" in fb
     assert r["to_device"] == "1" and r["found_inf"] == "0"  # graded notebooks not submitted count zero
     assert r["flash_attention"] == "0.33" and "elements differ (rtol=0.016" in fb  # right only at 1 token (one tile)
-    assert r["fast_train"] == "0" and "speed-up:" in fb and "at least 2x is needed" in fb  # right, but not faster
+    # slow_train handed in as fast_train: right results, none of the fixes (4 of a case's 5 shares lost), and the
+    # speed-up share only where the grader measured 2x between two runs of the same code (luck: not asserted)
+    assert all(f"{fix}: " in fb for fix in ("clip", "sync", "copies", "ops")), fb
+    assert float(r["fast_train"]) == pytest.approx((2 - speed_up_misses(fb)) / 5), fb
     assert "Not submitted (their functions score 0): `02_transfers.ipynb`" in fb and r["out_of"] == "22"
     assert r["scale_kernel_source"] == judge.NEEDS_GPU and "not submitted: 02_transfers" in r["notes"]
 

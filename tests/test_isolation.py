@@ -82,5 +82,6 @@ def test_a_test_that_changes_device_env_and_triton_leaves_nothing_behind(tmp_pat
 
 def test_shuffled_order_is_available_and_declared():
     pytest.importorskip("random_order", reason="pytest-random-order is not installed here")
-    text = (ROOT / "pyproject.toml").read_text() + (ROOT / "environment.yml").read_text()
+    text = (ROOT / "pyproject.toml").read_text() + (ROOT / "locks" / "course.in").read_text()
     assert text.count("pytest-random-order") == 2
+    assert "pytest-random-order==" in (ROOT / "locks" / "course.txt").read_text()

@@ -1,7 +1,6 @@
 """labkit.kernels.matmul_tf32 (the Gluon TF32 kernel): when matmul takes it, its results against float64
 (a Hopper GPU), and what it compiles to for sm_90 (here, no GPU needed)."""
 import math
-import re
 
 import pytest
 import torch

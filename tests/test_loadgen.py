@@ -9,6 +9,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from fake_clock import AsyncioOnClock, FakeClock
 from labkit import loadgen
 from labkit.batchsim import poisson_arrivals
 from serving_util import serving
@@ -16,15 +17,22 @@ from serving_util import serving
 SERVICE_S = 0.03
 
 
-def synthetic_app(reject_every: int = 0):
-    """Answers each request after SERVICE_S (requests overlap: no queue); every k-th gets a 503."""
+def synthetic_app(reject_every: int = 0, hold_until: int = 0):
+    """Answers each request after SERVICE_S (requests overlap: no queue); every k-th gets a 503.
+
+    hold_until: answer nothing before that many requests have arrived (a client that waits for answers
+    before it sends more would never get one)."""
     seen = Counter()
+    all_in = asyncio.Event()
 
     async def predict(request):
         seen["n"] += 1
+        if seen["n"] >= hold_until:
+            all_in.set()
         await request.body()
         if reject_every and seen["n"] % reject_every == 0:
             return JSONResponse({"error": "full"}, status_code=503)
+        await all_in.wait()
         await asyncio.sleep(SERVICE_S)
         return JSONResponse({"y": [1.0]})
 
@@ -48,6 +56,15 @@ def test_statistics_of_a_known_result():
     assert s["goodput"] == 1.0 and s["p99_ms"] > s["p90_ms"] > s["p50_ms"]
 
 
+def test_window_rates_split_the_throughput_into_samples():
+    r = loadgen.LoadResult(rate=10, sent=5, duration_s=2.0, latencies_ms=np.array([10.0, 20, 30, 40]),
+                           done_s=np.array([0.1, 0.2, 1.5, 2.0]))
+    assert r.window_rates(2).tolist() == [2.0, 2.0] and r.window_rates(4).tolist() == [4.0, 0.0, 0.0, 4.0]
+    assert r.window_rates(4).mean() == r.throughput
+    with pytest.raises(ValueError):
+        r.window_rates(0)
+
+
 def test_poisson_arrivals_have_the_asked_rate():
     gaps = np.diff(poisson_arrivals(200.0, 20_000, seed=3))
     assert gaps.mean() == pytest.approx(1 / 200, rel=0.03) and gaps.std() == pytest.approx(1 / 200, rel=0.05)
@@ -55,22 +72,33 @@ def test_poisson_arrivals_have_the_asked_rate():
 
 
 def test_open_loop_against_a_synthetic_server():
-    with serving(synthetic_app()) as url:
-        r = loadgen.run(url, rate=60.0, n=40, payload=payload, max_s=5.0)
+    # open loop: all 40 requests are sent on their Poisson schedule although none is answered before the last arrives
+    with serving(synthetic_app(hold_until=40)) as url:
+        r = loadgen.run(url, rate=60.0, n=40, payload=payload, max_s=5.0, timeout_s=30.0)
     assert r.sent == 40 and r.ok == 40 and r.rejected == r.errors == r.timeouts == 0
     assert r.pct(50) >= SERVICE_S * 1e3 and r.pct(99) >= r.pct(50)
     assert r.goodput(slo_ms=1.0) == 0.0 and r.goodput(slo_ms=1e6) == pytest.approx(r.throughput)
-    # open loop: the sending span follows the Poisson schedule, not the server's answers
-    assert 0.3 * 60 < r.throughput < 3 * 60
+    # never sent early: the run lasts at least until the last scheduled send's answer (how much longer is the machine's)
+    schedule = poisson_arrivals(60.0, 40, seed=0)
+    assert r.duration_s >= schedule[-1] + SERVICE_S - 1e-6 and r.throughput == pytest.approx(40 / r.duration_s)
     assert r.batch_sizes == Counter({1: 40})
-    assert r.send_lag_ms.shape == (40,) and (r.send_lag_ms >= 0).all() and r.client_lag_ms < 1000
+    assert r.send_lag_ms.shape == (40,) and (r.send_lag_ms >= 0).all()
+    assert r.client_lag_ms == pytest.approx(np.percentile(r.send_lag_ms, 99))
+    assert r.done_s.shape == (40,) and (r.done_s > 0).all() and (r.done_s <= r.duration_s).all()
+    assert r.window_rates(5).mean() == pytest.approx(r.throughput)
 
 
-def test_rejections_and_the_time_bound_are_counted():
+def test_rejections_and_the_time_bound_are_counted(monkeypatch):
+    # the sender's clock moves only as its schedule says: exactly the requests scheduled within max_s are sent
+    clock = FakeClock()
+    monkeypatch.setattr(loadgen, "time", clock)
+    monkeypatch.setattr(loadgen, "asyncio", AsyncioOnClock(clock))
     with serving(synthetic_app(reject_every=4)) as url:
-        r = loadgen.run(url, rate=50.0, n=10_000, payload=payload, max_s=0.6)
-    assert r.sent < 10_000, "stops sending after max_s"
-    assert r.rejected >= 1 and r.ok + r.rejected == r.sent
+        r = loadgen.run(url, rate=50.0, n=10_000, payload=payload, max_s=0.6, timeout_s=30.0)
+    scheduled = int((poisson_arrivals(50.0, 10_000, seed=0) <= 0.6).sum())
+    assert 4 <= r.sent == scheduled < 10_000, "stops sending after max_s"
+    assert r.rejected == r.sent // 4 and r.ok + r.rejected == r.sent and r.errors == r.timeouts == 0
+    assert r.duration_s == pytest.approx(sum(clock.slept)) and r.duration_s <= 0.6
 
 
 def test_client_timeouts_are_counted_not_raised():

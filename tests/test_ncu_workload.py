@@ -23,7 +23,8 @@ def test_workload_ncu_falls_back_from_nvtx_to_kernel_name(monkeypatch, tmp_path)
     assert launches == fixture and len(seen) == 2
     assert "--kernel-name" in cmd and "--launch-skip" in cmd and "NVTX ranges:" in msg and "kernel name:" in msg
     assert cmd[-6:-4] == ["labkit.profiling", "workload"]   # the target is this package's own command line
-    monkeypatch.setattr(nsight, "run_ncu", lambda cmd: ([], "ncu may not read the GPU's performance counters here (ERR_NVGPUCTRPERM)"))
+    monkeypatch.setattr(nsight, "run_ncu",
+                        lambda cmd: ([], "ncu may not read the GPU's performance counters here (ERR_NVGPUCTRPERM)"))
     launches, msg, _ = W.workload_ncu(tmp_path / "r")
     assert launches == [] and msg.count("ERR_NVGPUCTRPERM") == 1   # no retry when counters are not permitted
 

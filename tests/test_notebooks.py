@@ -77,3 +77,13 @@ def test_every_notebook_checks_claims_and_starts_predictions_blank(path):
     # [ \t]* then \S: the spaces before None cannot be given back to let the None look-ahead pass
     prefilled = re.findall(r"^[ \t]*(?:my_)?guess\w*[ \t]*=[ \t]*(?!None\b)(\S.*)$", code, re.M)
     assert not prefilled, f"{path.name}: prediction cells start as None, not {prefilled[:3]}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_parameter_says_its_kind_so_batch_runs_refuse_bad_values_up_front(path):
+    from labkit import runner
+
+    unknown = [name for name, (default, kind) in runner.declared_parameter_kinds(path).items()
+               if kind is None and name not in ("device", "quick")]
+    assert not unknown, (f"{path.name}: annotate these parameters (e.g. `max_bytes: int = None`), so "
+                         f"`labkit run -p NAME VALUE` can refuse a value of the wrong kind: {unknown}")

@@ -60,7 +60,8 @@ def test_the_lock_input_is_pyprojects_list_less_torch_and_triton_with_the_same_b
             assert name not in lock_in, f"{name} is pinned in locks/torch.toml, not locks/course.in"
             continue
         assert name in lock_in, f"{name} is in pyproject.toml but not in locks/course.in"
-        assert lock_in[name].specifier == req.specifier, f"{name}: pyproject {req.specifier} vs lock {lock_in[name].specifier}"
+        assert lock_in[name].specifier == req.specifier, (f"{name}: pyproject {req.specifier} "
+                                                          f"vs lock {lock_in[name].specifier}")
 
 
 def test_every_locked_pin_has_a_hash_and_satisfies_pyproject():
@@ -113,7 +114,8 @@ def test_triton_only_where_it_exists():
 
 
 def test_core_packages_are_all_there():
-    assert {"jupyterlab", "torch", "triton", "matplotlib", "ipywidgets", "nbval", "papermill"} <= set(pip_requirements())
+    assert ({"jupyterlab", "torch", "triton", "matplotlib", "ipywidgets", "nbval", "papermill"}
+            <= set(pip_requirements()))
 
 
 def test_labkit_console_command_is_declared():

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_every_public_name_is_importable_from_profiling():
     for module in (chrome_trace, trace_summary, rnn_trace, ncu_report, nsight, ncu_workload):
-        public = [n for n, v in vars(module).items() if not n.startswith("_") and getattr(v, "__module__", module.__name__) == module.__name__
+        public = [n for n, v in vars(module).items()
+                  if not n.startswith("_") and getattr(v, "__module__", module.__name__) == module.__name__
                   and (callable(v) or n.isupper())]
         missing = [n for n in public if n not in P.__all__ or getattr(P, n) is not getattr(module, n)]
         assert not missing, f"labkit.profiling lost {module.__name__}'s {missing}"

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import nbformat
 
-from labkit.grading import sandbox
 from labkit.paths import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,7 +123,7 @@ def test_add_a_kernel_test_it_and_bench_it(tmp_path):
 
 def test_add_a_notebook_that_passes_the_notebook_rules_and_runs(tmp_path):
     # the course's own notebooks are left out: the rules are checked on the new one alone
-    course = course_copy(tmp_path, "tests/test_notebooks.py")
+    course = course_copy(tmp_path, "tests/test_notebooks.py", "tests/conftest.py")
     (course / "notebooks").mkdir()
     index = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# The course\n\n| # | notebook |\n|-|-|")])
     # 1-2. written in jupytext percent format, converted

@@ -77,7 +77,8 @@ def test_summary_holds_claims_machine_and_date_and_names_the_cell_that_stopped(t
     nb = _notebook(tmp_path / "claims.ipynb", "quick = None",
                    "import labkit\nlabkit.setup(quick=True)\n"
                    "labkit.claim('fast', 'it is fast', True, figures={'rate': (3.14159, 'GB/s')})\n"
-                   "labkit.claim('odd', 'it is even', False, otherwise='this machine is odd')\n"
+                   "labkit.claim('odd', 'it is even', False, diagnoses=[labkit.diagnosis('odd', 'this machine is odd', "
+                   "holds=True)])\n"
                    "labkit.skip_claim('gpu', 'a GPU wins', needs='a CUDA GPU')",
                    "import time\ntime.sleep(300)")
     out = tmp_path / "build"
@@ -86,13 +87,13 @@ def test_summary_holds_claims_machine_and_date_and_names_the_cell_that_stopped(t
     assert result.returncode == 1
     summary = json.loads((out / "summary.json").read_text())
     entry = summary["notebooks"][0]
-    assert entry["claim_counts"] == {"held": 1, "differs": 1, "failed": 0, "skipped": 1}
-    assert entry["claims"]["odd"]["note"] == "this machine is odd"
+    assert entry["claim_counts"] == {"held": 1, "differs": 1, "failed": 0, "inconclusive": 0, "skipped": 1}
+    assert entry["claims"]["odd"]["note"] == "odd: this machine is odd"
     assert "time.sleep(300)" in entry["error"], entry["error"]  # which cell timed out
     assert summary["machine"]["torch"] and summary["finished"] and summary["quick"] is True
     md = (out / "summary.md").read_text()
-    assert "| fast | held | rate 3.142 GB/s |" in md and "| 1 / 1 / 0 / 1 |" in md
-    assert "claims: 1 held, 1 differ (explained), 0 failed, 1 skipped" in result.stdout
+    assert "| fast | held | rate 3.142 GB/s |" in md and "| 1 / 1 / 0 / 0 / 1 |" in md
+    assert "claims: 1 held, 1 differ (diagnosed), 0 failed, 0 inconclusive, 1 skipped" in result.stdout
 
 
 def test_a_reference_run_needs_a_gpu(tmp_path):
@@ -124,6 +125,26 @@ def test_values_of_the_wrong_kind_are_refused(tmp_path):
         runner.check_parameters({"device": [0]}, [nb])
     shares = runner.check_parameters({"reps": 5, "quick": "False"}, [nb])
     assert shares[nb] == {"reps": 5, "quick": "False"}
+
+
+def test_a_none_default_is_checked_against_its_annotation(tmp_path):
+    nb = _notebook(tmp_path / "tiny.ipynb", "quick = None\nmax_bytes: int = None  # bytes\nsizes: list = None\n"
+                   "run_s: float = None", "x = 1")
+    with pytest.raises(ValueError, match=r"parameter max_bytes='lots'.*expects an int \(e\.g\. -p max_bytes 4096\)"):
+        runner.check_parameters({"max_bytes": "lots"}, [nb])
+    with pytest.raises(ValueError, match=r"parameter sizes=3.*list"):
+        runner.check_parameters({"sizes": 3}, [nb])
+    assert runner.check_parameters({"max_bytes": 4096, "sizes": [1, 2], "run_s": 2}, [nb])[nb]["run_s"] == 2
+    assert runner.check_parameters({"max_bytes": None}, [nb])[nb] == {"max_bytes": None}
+    result = _run(str(nb), "-o", str(tmp_path / "b"), "-p", "max_bytes", "lots")
+    assert result.returncode == 2 and "parameter max_bytes='lots'" in result.stderr
+    assert not (tmp_path / "b" / "tiny.ipynb").exists()  # refused before anything ran
+
+
+def test_a_device_that_is_not_one_is_refused_up_front(tmp_path):
+    nb = _notebook(tmp_path / "tiny.ipynb", "quick = None\ndevice = None", "x = 1")
+    with pytest.raises(ValueError, match="parameter device='gpu' is not a device name"):
+        runner.check_parameters({"device": "gpu"}, [nb])
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")

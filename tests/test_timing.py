@@ -1,7 +1,19 @@
+"""labkit.timing: its statistics, and how bench samples, on a fake clock where durations are exact (speed itself is
+measured by `labkit bench`, not here)."""
 import pytest
 import torch
 
+from fake_clock import FakeClock
+from labkit import timing
 from labkit.timing import Timing, bench, gbps, summarize, tflops
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """labkit.timing's clock, moved only by the functions a test times."""
+    c = FakeClock()
+    monkeypatch.setattr(timing, "time", c)
+    return c
 
 
 def test_summary_statistics():
@@ -26,15 +38,22 @@ def test_bench_counts_every_call_and_orders_quantiles():
     assert t.p20_ms <= t.median_ms <= t.p80_ms
 
 
+def test_bench_times_each_call_and_nothing_else(clock):
+    t = bench(lambda: clock.advance(0.002), warmup_ms=1, rep_ms=20, min_reps=5, device="cpu")
+    assert t.n >= 5 and t.samples == pytest.approx([2.0] * t.n)  # every sample is one call, in ms
+    assert t.median_ms == t.p20_ms == t.p80_ms == pytest.approx(2.0)
+
+
 def test_bench_measures_real_work_on_cpu():
     import time
 
+    # on the real clock: a sleep never ends early, so the median cannot be below it (how far above is the machine's)
     t = bench(lambda: time.sleep(0.002), warmup_ms=1, rep_ms=20, min_reps=5, device="cpu")
-    assert 1.9 <= t.median_ms < 50
+    assert t.median_ms >= 1.999 and t.n >= 5
 
 
-def test_max_reps_caps_the_sample_count():
-    t = bench(lambda: None, warmup_ms=1, rep_ms=1000, max_reps=20, device="cpu")
+def test_max_reps_caps_the_sample_count(clock):
+    t = bench(lambda: clock.advance(1e-6), warmup_ms=1, rep_ms=1000, max_reps=20, device="cpu")
     assert t.n == 20
 
 
@@ -69,50 +88,45 @@ def test_a_call_a_graph_cannot_capture_raises_and_leaves_random_ops_working():
     assert bench(lambda: x.add_(0.0), cuda_graph=True, device="cuda").median_ms > 0
 
 
-def test_host_sampling_stops_near_its_budget_when_calls_slow_down():
-    import time
-
+def test_host_sampling_stops_near_its_budget_when_calls_slow_down(clock):
     calls = {"n": 0}
 
-    def fn():  # fast while the count is estimated, then slow: a loaded machine
+    def fn():  # instant while the count is estimated, then 5 ms: a loaded machine
         calls["n"] += 1
         if calls["n"] > 3:
-            time.sleep(0.005)
+            clock.advance(0.005)
 
-    t0 = time.perf_counter()
+    start = clock.now
     t = bench(fn, warmup_ms=10, rep_ms=50, min_reps=5, device="cpu")
-    assert time.perf_counter() - t0 < 1.0
-    assert t.n >= 5 and t.median_ms >= 4.9
+    # the estimate asked for 10,000 calls (50 s); bench stops at twice its budgets, plus the calls that straddle them
+    assert clock.now - start <= (10 + 2 * 50 + 3 * 5) / 1e3 + 1e-6 and calls["n"] < 40
+    assert t.n >= 5 and t.median_ms == pytest.approx(5.0)
 
 
-def test_a_slow_call_is_capped_and_says_so(capsys):
-    import time
-
+def test_a_slow_call_is_capped_and_says_so(clock, capsys):
     calls = {"n": 0}
 
     def fn():
         calls["n"] += 1
-        time.sleep(0.3)
+        clock.advance(0.3)
 
-    t0 = time.perf_counter()
+    start = clock.now
     t = bench(fn, rep_ms=100, min_reps=5, max_s=1.0, device="cpu")
-    assert time.perf_counter() - t0 < 2.0  # 8 calls (2.4 s) before the cap
-    assert t.n >= 1 and calls["n"] == t.n + 1 and t.median_ms >= 290
+    assert clock.now - start <= 1.0 + 0.3 + 1e-9  # max_s, and the first (warm-up) call: 8 calls (2.4 s) uncapped
+    assert t.n >= 1 and calls["n"] == t.n + 1 and t.median_ms == pytest.approx(300.0)
     assert "one call takes" in capsys.readouterr().out
 
 
-def test_a_slow_first_call_alone_is_warm_up_not_the_measurement(capsys):
+def test_a_slow_first_call_alone_is_warm_up_not_the_measurement(clock, capsys):
     """A first call that compiles or autotunes must not decide how (or what) bench times."""
-    import time
-
     calls = {"n": 0}
 
     def fn():
         calls["n"] += 1
-        time.sleep(0.5 if calls["n"] == 1 else 0.001)
+        clock.advance(0.5 if calls["n"] == 1 else 0.001)
 
     t = bench(fn, warmup_ms=5, rep_ms=50, min_reps=5, device="cpu")
-    assert t.n >= 5 and t.median_ms < 100
+    assert t.n >= 5 and max(t.samples) == pytest.approx(1.0) and t.median_ms == pytest.approx(1.0)
     assert "one call takes" not in capsys.readouterr().out
 
 

@@ -32,7 +32,8 @@ def gpu_like_trace(n=6, launch=5.0, kernel=2.0, gap=20.0):
                    "pid": 1, "args": {"correlation": 100 + i}})
         ev.append({"ph": "X", "cat": "kernel", "name": "gemm_small", "ts": t + 2 + launch, "dur": kernel, "tid": 7,
                    "pid": 0, "args": {"correlation": 100 + i, "grid": [1, 1, 1], "Python id": 3}})
-        ev.append({"ph": "X", "cat": "python_function", "name": "loop.py(3): step", "ts": t, "dur": 9, "tid": 1, "pid": 1})
+        ev.append({"ph": "X", "cat": "python_function", "name": "loop.py(3): step", "ts": t, "dur": 9, "tid": 1,
+                   "pid": 1})
     ev.append({"ph": "X", "cat": "kernel", "name": "outside", "ts": 1e4, "dur": 1, "tid": 7, "pid": 0,
                "args": {"correlation": 999}})
     ev.append({"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "GPU 0"}})

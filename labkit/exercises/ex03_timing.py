@@ -112,7 +112,8 @@ def compare_median(expected: Any, got: Any, rtol: float = 0.0, atol: float = 0.0
         got, measured = {k: v for k, v in got.items() if k != MEASURED}, got[MEASURED]
         nominal = expected["median (ms)"]
         if isinstance(nominal, list):
-            measured = measured if isinstance(measured, list) and len(measured) == len(nominal) else [None] * len(nominal)
+            measured = (measured if isinstance(measured, list) and len(measured) == len(nominal)
+                        else [None] * len(nominal))
             median = [_expected_median(n, m) for n, m in zip(nominal, measured)]
         else:
             median = _expected_median(nominal, measured)

@@ -30,7 +30,8 @@ def call_one_f_one_b(fn, args):
            "micro-batches in flight per stage": [pipeline.in_flight(steps) for steps in orders]}
     model, x, y = _problem(p, m, args["seed"])
     try:
-        pipeline.emulate(orders, [pipeline.stage_of(model, s, LAYERS) for s in range(p)], list(x.chunk(m)), list(y.chunk(m)))
+        pipeline.emulate(orders, [pipeline.stage_of(model, s, LAYERS) for s in range(p)], list(x.chunk(m)),
+                         list(y.chunk(m)))
         obs["runs as a pipeline"] = "yes"
         obs["gradients"] = snapshot([q.grad for q in model.parameters()])
     except ValueError as exc:

@@ -143,7 +143,8 @@ def fixes(work: dict, slow_ops: int, steps: int) -> dict[str, str | None]:
                  if work["scalar reads"] >= steps else None),
         "copies": (f"{work['copies']} .to()/.cuda()/.copy_() calls for {steps} steps: a copy in every step (copy "
                    f"the data to the device once)" if work["copies"] >= steps else None),
-        "ops": (f"{work['ops'] / steps:.0f} ATen ops per step, slow_train's {slow_ops / steps:.0f}: still many tiny ops (a "
+        "ops": (f"{work['ops'] / steps:.0f} ATen ops per step, slow_train's {slow_ops / steps:.0f}: still many "
+                f"tiny ops (a "
                 f"fused GELU and addmm, clip_grad_norm_ and SGD with foreach=True do it in few; at most "
                 f"{OPS_FRACTION:.0%} of slow_train's)" if work["ops"] > OPS_FRACTION * slow_ops else None),
     }
@@ -229,7 +230,8 @@ def fast_train_case(about: str, sizes: dict, hyper: dict, seeds: list[int], devi
 
 
 def describe(sizes: dict, hyper: dict, device: str) -> str:
-    return (f"{sizes['steps']} steps of batch {sizes['batch']}, MLP {sizes['d_in']}-{sizes['hidden']}-{sizes['d_out']}, "
+    return (f"{sizes['steps']} steps of batch {sizes['batch']}, "
+            f"MLP {sizes['d_in']}-{sizes['hidden']}-{sizes['d_out']}, "
             f"lr={hyper['lr']:g}, momentum={hyper['momentum']:g}, max_norm={hyper['max_norm']:g}, on {device}")
 
 

@@ -114,10 +114,12 @@ def visible_launch_delay() -> list[dict]:
     # worked by hand with t(b) = 0.45 ms + 0.05 ms b: the lonely request launches at 2 ms (its delay);
     # the burst fills 8 by 0.7 ms, the next 8 wait for the model; 4 are left, launched at once or at their delay.
     return [trace_case("one lonely request, max_batch=8, max_delay=2 ms", [0.0], 8, 2e-3),
-            trace_case("a burst of 20 requests within 2 ms, max_batch=8, max_delay=2 ms", burst(0.0, 20, 2e-3), 8, 2e-3),
+            trace_case("a burst of 20 requests within 2 ms, max_batch=8, max_delay=2 ms",
+                       burst(0.0, 20, 2e-3), 8, 2e-3),
             trace_case("Poisson arrivals at 3000/s (200 requests), max_batch=16, max_delay=1 ms",
                        batchsim.poisson_arrivals(3000, 200, seed=0), 16, 1e-3),
-            trace_case("Poisson arrivals at 1000/s (100 requests), max_delay=0", batchsim.poisson_arrivals(1000, 100, 1),
+            trace_case("Poisson arrivals at 1000/s (100 requests), max_delay=0",
+                       batchsim.poisson_arrivals(1000, 100, 1),
                        8, 0.0)]
 
 

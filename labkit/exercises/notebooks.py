@@ -152,19 +152,21 @@ def orphan_exercises(solutions: Path, exercises: Path) -> list[Path]:
     return sorted(p for p in exercises.glob("*.ipynb") if p.name not in sources)
 
 
-def stale(solutions: Path, exercises: Path) -> list[str]:
-    """Why exercises/ is not what `build` would write now (empty when up to date)."""
+def stale(solutions: Path, exercises: Path, root: Path = COURSE_ROOT) -> list[str]:
+    """Why exercises/ is not what `build` would write now (empty when up to date); `root`: the course folder
+    that holds both (a copy of it, say, made from git's index)."""
     problems = []
     for src in solution_notebooks(solutions):
         dest = exercises / src.name
         if not dest.exists():
             problems.append(f"{dest} is missing")
             continue
-        want = generate(src)
+        want = generate(src, root)
         have = nbio.read(dest)
         if hand_edited(dest):
             problems.append(f"{dest} was edited by hand (its cells no longer match its stored hash)")
-        elif have.get("metadata", {}).get("labkit") != want["metadata"]["labkit"] or cells_hash(have) != cells_hash(want):
+        elif (have.get("metadata", {}).get("labkit") != want["metadata"]["labkit"]
+              or cells_hash(have) != cells_hash(want)):
             problems.append(f"{dest} is out of date with {src}")
     problems += [f"{p} has no source in {solutions}" for p in orphan_exercises(solutions, exercises)]
     return problems

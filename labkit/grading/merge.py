@@ -27,7 +27,8 @@ def merge(shard_dirs: list[Path], out: Path) -> int:
         try:
             m = json.loads(safeio.read_bytes(d / "shard.json", 2**24))
         except FileNotFoundError:
-            raise ValueError(f"{d} has no shard.json: it is not the --out of a `labkit grade --shard K/N` run") from None
+            raise ValueError(f"{d} has no shard.json: it is not the --out of a "
+                             "`labkit grade --shard K/N` run") from None
         key = (m["shard"], m["of"])
         if key in manifests:
             raise ValueError(f"shard {m['shard']}/{m['of']} is given twice ({manifests[key][0]} and {d})")
