@@ -184,6 +184,9 @@ def claim(name: str, expected: str, holds: bool | Callable[[Mapping[str, Any]], 
                             f"not {type(d).__name__}")
     figs, sampled = _figures(figures)
     busy = _host_busy() if holds is not None else None  # a skipped claim leaves the load window to the next one
+    measured_busy = [s.busy for s in sampled.values() if s.busy is not None]
+    if busy is not None or measured_busy:  # the busiest of: since the last claim, and while each figure was timed
+        busy = max([b for b in (busy, *measured_busy) if b is not None])
     invert = inverted()
     entry: dict[str, Any] = {"name": name, "expected": expected, "figures": figs,
                              "diagnoses": [d.as_dict() for d in diagnoses]}

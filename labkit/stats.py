@@ -9,8 +9,10 @@
   the same verdict.
 - A sampled figure needs at least `MIN_SAMPLES` samples; with fewer, a claim it decides is INCONCLUSIVE.
 - The host is busy when processes other than this one and its children took more than `BUSY_SHARE` of the
-  machine's CPU time since the previous claim (Linux's /proc). A timed claim that does not hold on a busy host
-  is INCONCLUSIVE and says so: a loaded machine is noise, not a cause.
+  machine's CPU time (Linux's /proc) while a claim's figures were measured: over each `labkit.bench` that timed
+  them (carried as `Samples.busy`), and over the whole time since the previous claim; the larger counts, so a
+  burst during a short measurement is not diluted by a long quiet cell. A timed claim that does not hold on a
+  busy host is INCONCLUSIVE and says so: a loaded machine is noise, not a cause.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class Samples:
     """Repeated measurements of one quantity, in any unit: the median is its value, p20-p80 its spread."""
 
     values: tuple[float, ...] = field(repr=False)
+    busy: float | None = field(default=None, compare=False)  # others' share of the CPU while measured (None: unknown)
 
     def __post_init__(self) -> None:
         if not self.values:
@@ -54,8 +57,8 @@ class Samples:
             raise ValueError("Samples takes finite numbers only")
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> "Samples":
-        return cls(tuple(float(v.item() if hasattr(v, "item") else v) for v in values))
+    def of(cls, values: Iterable[float], busy: float | None = None) -> "Samples":
+        return cls(tuple(float(v.item() if hasattr(v, "item") else v) for v in values), busy)
 
     @property
     def n(self) -> int:
@@ -81,7 +84,7 @@ class Samples:
 
     def map(self, f: Callable[[float], float]) -> "Samples":
         """The same samples in another unit, e.g. `t.map(lambda ms: labkit.gbps(nbytes, ms))`."""
-        return Samples.of(f(v) for v in self.values)
+        return Samples.of((f(v) for v in self.values), self.busy)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 
 from labkit.device import current
-from labkit.stats import Samples, quantile
+from labkit.stats import HostLoad, Samples, quantile
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class Timing:
     p80_ms: float
     n: int
     samples: list[float] = field(repr=False, default_factory=list)
+    host_busy: float | None = field(default=None, compare=False)  # others' share of the CPU while timed (stats)
 
     @property
     def median_us(self) -> float:
@@ -39,7 +40,7 @@ class Timing:
 
     def as_samples(self) -> Samples:
         """The samples (ms) as `labkit.Samples`, which claims resample (labkit.stats)."""
-        return Samples.of(self.samples or [self.median_ms])
+        return Samples.of(self.samples or [self.median_ms], self.host_busy)
 
     def map(self, f: Callable[[float], float]) -> Samples:
         """Every sample in another unit, e.g. `t.map(lambda ms: labkit.gbps(nbytes, ms))` for GB/s."""
@@ -89,13 +90,16 @@ def bench(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float = 
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"bench(device={str(device)!r}): PyTorch sees no CUDA GPU here; time on the CPU "
                            f"(device='cpu', or leave device unset to use labkit.setup()'s choice).")
-    if device.type == "cuda":
-        if cuda_graph:
-            return _bench_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps)
-        return _bench_events(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_cache, max_s)
-    if cuda_graph:
+    if cuda_graph and device.type != "cuda":
         raise ValueError("cuda_graph=True needs a CUDA device; this benchmark runs on the CPU.")
-    return _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps, max_s)
+    load = HostLoad()  # what other processes took while this ran: a claim on a busy host is undecided
+    if device.type == "cuda":
+        t = (_bench_graph(fn, device, warmup_ms, rep_ms, min_reps, max_reps) if cuda_graph else
+             _bench_events(fn, device, warmup_ms, rep_ms, min_reps, max_reps, flush_cache, max_s))
+    else:
+        t = _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps, max_s)
+    object.__setattr__(t, "host_busy", load.others_share())
+    return t
 
 
 def _slow(first_ms: float, rep_ms: float, min_reps: int, max_s: float, timed) -> Timing | None:

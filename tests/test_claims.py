@@ -205,3 +205,24 @@ def test_a_claim_right_after_another_keeps_the_last_load_reading(monkeypatch):
     assert load.others_share() == pytest.approx(1.0)
     pending = next(readings)
     assert load.others_share() == pytest.approx(1.0)  # 10 ms later: too short to read, the last share stands
+
+
+def test_a_burst_while_a_figure_was_timed_is_not_diluted_by_a_quiet_cell():
+    """The window since the last claim was quiet (None here), but other processes took 60% of the CPU while the
+    figure itself was timed: the miss is noise, INCONCLUSIVE, and the Samples carry that load through map()."""
+    loaded = summarize([1.0] * 10)
+    object.__setattr__(loaded, "host_busy", 0.6)
+    fast = loaded.map(lambda ms: 1 / ms)
+    assert fast.busy == 0.6
+    entry = claims.claim("t", "fast does over 2 per ms", lambda f: f["fast"] > 2, figures={"fast": fast})
+    assert entry["status"] == "inconclusive" and entry["host_busy"] == 0.6
+    quiet = stats.Samples.of([1.0] * 10, busy=0.1)
+    assert claims.claim("q", "over 2", lambda f: f["q"] > 2, figures={"q": quiet})["status"] == "failed"
+
+
+def test_bench_records_what_other_processes_took_while_it_ran(monkeypatch):
+    from labkit import timing
+    shares = iter([0.7])
+    monkeypatch.setattr(timing.HostLoad, "others_share", lambda self: next(shares))
+    t = timing.bench(lambda: None, device="cpu", warmup_ms=1, rep_ms=2)
+    assert t.host_busy == 0.7 and t.as_samples().busy == 0.7
