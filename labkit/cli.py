@@ -1,4 +1,5 @@
-"""The `labkit` command: one subcommand per job, each living in its own module."""
+"""The `labkit` command (the console script's entry point): one subcommand per job, each a module of
+labkit.tools, labkit.exercises or labkit.grading with a main(argv) -> int."""
 from __future__ import annotations
 
 import importlib
@@ -6,14 +7,14 @@ import sys
 
 # subcommand -> (module with a main(argv) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("labkit.runner", "execute notebooks in batch with papermill and collect their figures"),
+    "run": ("labkit.tools.run", "execute notebooks in batch with papermill and collect their figures"),
     "info": ("labkit.cli", "print what this machine is and its measured ceilings"),
     "exercises": ("labkit.exercises.notebooks", "build exercises/ from solutions/, or check that it is up to date"),
     "grade": ("labkit.grading.cli", "grade students' exercise notebooks: grades.csv and a feedback file each"),
-    "bench": ("labkit.benchmark", "time labkit's Triton kernels against PyTorch eager and torch.compile"),
-    "baseline": ("labkit.baseline", "compare a bench run with this device's committed baseline, or save one"),
-    "shard": ("labkit.shard", "split notebooks across GPUs/runners by recorded duration, or record durations"),
-    "ran": ("labkit.really_ran", "check a GPU batch run really ran: no GPU section skipped, not too fast, plots kept"),
+    "bench": ("labkit.tools.bench", "time labkit's Triton kernels against PyTorch eager and torch.compile"),
+    "baseline": ("labkit.tools.baseline", "compare a bench run with this device's committed baseline, or save one"),
+    "shard": ("labkit.tools.shard", "split notebooks across GPUs/runners by recorded duration, or record durations"),
+    "ran": ("labkit.tools.ran", "check a GPU batch run really ran: no GPU section skipped, not too fast, plots kept"),
 }
 
 

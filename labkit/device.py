@@ -18,9 +18,14 @@ from pathlib import Path
 
 import torch
 
+from labkit.figures import display_entry
+
 ENV_DEVICE = "LABKIT_DEVICE"  # "cuda", "cuda:1", "cpu"
 ENV_QUICK = "LABKIT_QUICK"  # "1" shrinks problem sizes, "0" forces full size
 ENV_CACHE = "LABKIT_CACHE"  # where measured ceilings and built extensions are kept
+# What a notebook's outputs say about where it ran, as data beside the printed line (`labkit ran` reads them):
+SKIP_MIME = "application/vnd.labkit.skip+json"  # have_gpus(): a section skipped, and the GPUs it needs
+MACHINE_MIME = "application/vnd.labkit.machine+json"  # show_machine(): machine_info()
 
 
 @dataclass(frozen=True)
@@ -251,7 +256,9 @@ def have_gpus(n: int = 1, section: str = "this section") -> bool:
         return True
     have = gpu_count() if current().is_gpu else 0
     need = "a CUDA GPU" if n == 1 else f"{n} CUDA GPUs"
-    print(f"[skipped on this machine] {section} needs {need}; running on {current().device} with {have}.")
+    text = f"[skipped on this machine] {section} needs {need}; running on {current().device} with {have}."
+    display_entry(text, SKIP_MIME, {"name": section, "section": section, "needs_gpus": n,
+                                    "device": str(current().device), "gpus": have})
     return False
 
 
@@ -317,8 +324,8 @@ def machine_info() -> dict[str, str]:
 
 
 def show_machine() -> dict[str, str]:
-    """Print `machine_info()` as one table and return it."""
+    """Print `machine_info()` as one table (and attach it as data) and return it."""
     info = machine_info()
     width = max(map(len, info))
-    print("\n".join(f"{k:<{width}}  {v}" for k, v in info.items()))
+    display_entry("\n".join(f"{k:<{width}}  {v}" for k, v in info.items()), MACHINE_MIME, {"name": "machine", **info})
     return info

@@ -1,8 +1,24 @@
-"""Where the course lives: the folder that holds labkit/, notebooks/, solutions/ and exercises/."""
+"""The course's facts, in one place: where it lives, its notebooks in order, and a machine's name as a file name."""
+from __future__ import annotations
+
 import os
+import re
 from pathlib import Path
 
-COURSE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent  # labkit/
+COURSE_ROOT = PACKAGE_DIR.parent  # the folder that holds labkit/, notebooks/, solutions/ and exercises/
+NOTEBOOKS_DIR = COURSE_ROOT / "notebooks"
+CI_DIR = COURSE_ROOT / ".ci"
+
+
+def course_notebooks(root: Path = NOTEBOOKS_DIR) -> list[Path]:
+    """The course's notebooks in order (the index is only links)."""
+    return sorted(root.glob("[0-9]*.ipynb"))
+
+
+def machine_slug(gpu: str) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200': a machine's name as the file name of its data."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower() or "none"
 
 
 def child_env(root: Path | str = COURSE_ROOT, **extra: str) -> dict[str, str]:

@@ -1,8 +1,8 @@
-"""Reference runs: another machine's measured figures, claims and plots, committed as data.
+"""Reference runs, read side: another machine's measured figures, claims and plots, committed as data.
 
 A reference run is `labkit run -p quick false` on a GPU host, saved with `labkit run --reference`
-into `reference/<machine>/` (summary.json plus each notebook's tagged plots as PNG). Notebooks
-call `show(...)` so a student without a GPU sees a real GPU's results, labelled as such.
+(labkit.tools.run writes it) into `reference/<machine>/` (summary.json plus each notebook's tagged plots
+as PNG). Notebooks call `show(...)` so a student without a GPU sees a real GPU's results, labelled as such.
 """
 from __future__ import annotations
 
@@ -53,13 +53,6 @@ def notebook_entry(summary: dict[str, Any], notebook: str) -> dict[str, Any] | N
 
 def gpu_count(machine: dict[str, Any]) -> int:
     return int(machine.get("GPUs", 1) or 1)
-
-
-def folder(machine: dict[str, Any]) -> str:
-    """reference/<folder>/ of a machine: 'nvidia-h200', or 'nvidia-h200-x2' for a host of two (another machine)."""
-    from labkit.shard import slug
-    n = gpu_count(machine)
-    return slug(machine["GPU"]) + (f"-x{n}" if n > 1 else "")
 
 
 def machine_label(summary: dict[str, Any]) -> str:
@@ -119,19 +112,3 @@ def _display_png(path: Path, caption: str) -> None:
     except ImportError:
         pass
     print(f"  plot: {path} ({caption})")
-
-
-def save_plots(executed: dict[str, Any], folder: Path) -> list[Path]:
-    """Write each `plot:NAME`-tagged cell's last PNG output of an executed notebook to folder/NAME.png."""
-    import base64
-
-    written = []
-    for cell in executed.get("cells", []):
-        tags = [t for t in cell.get("metadata", {}).get("tags", []) if t.startswith("plot:")]
-        pngs = [o["data"]["image/png"] for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
-        if tags and pngs:
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"{tags[0][5:]}.png"
-            path.write_bytes(base64.b64decode(pngs[-1]))
-            written.append(path)
-    return written

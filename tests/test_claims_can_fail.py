@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from labkit import claims, nbio, reference, runner
+from labkit import claims, reference
+from labkit.paths import course_notebooks
+from labkit.tools import nbio
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = runner.default_notebooks()
+NOTEBOOKS = course_notebooks()
 
 
 def _calls(path: Path, names: tuple[str, ...]) -> list[ast.Call]:

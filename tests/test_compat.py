@@ -161,7 +161,7 @@ for size, (bm, bn, bk, stages, warps, group) in mt.CONFIGS.items():
 @pytest.mark.skipif(not _has_gluon(), reason="this Triton has no Gluon")
 def test_gluon_kernel_compiles_to_tf32_wgmma_from_registers():
     """Compiled for sm_90a in a fresh process (no GPU needed). In the test process it failed only after certain
-    tests and only with a cold Triton cache: on a CPU, `labkit bench ... matmul` (tests/test_benchmark.py) has
+    tests and only with a cold Triton cache: on a CPU, `labkit bench ... matmul` (tests/test_tools_bench.py) has
     torch.compile call an interpreted @triton.jit function directly, and Triton 3.9's InterpretedFunction.__call__
     patches triton.language.core's builtins (add, ...) with the interpreter's semantic and never restores them;
     a later real compile in that process (gl.cdiv's add) then ran into the interpreter's builder. With a warm

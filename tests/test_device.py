@@ -80,6 +80,23 @@ def test_missing_gpus_print_one_line(restore_setup, capsys):
     assert len(out) == 1 and "the overlap experiment" in out[0] and "needs a CUDA GPU" in out[0]
 
 
+def test_a_skip_and_the_machine_are_data_beside_their_lines(restore_setup, monkeypatch):
+    """`labkit ran` reads where a notebook ran and what it skipped from these entries, not from the printed text."""
+    from labkit import device
+
+    shown = []
+    monkeypatch.setattr(device, "display_entry", lambda text, mime, entry: shown.append((text, mime, entry)))
+    labkit.setup(device="cpu")
+    assert labkit.have_gpus(2, "the ring") is False
+    text, mime, entry = shown[-1]
+    assert mime == device.SKIP_MIME and text.startswith("[skipped on this machine] the ring needs 2 CUDA GPUs")
+    assert entry == {"name": "the ring", "section": "the ring", "needs_gpus": 2, "device": "cpu", "gpus": 0}
+    info = labkit.show_machine()
+    text, mime, entry = shown[-1]
+    assert mime == device.MACHINE_MIME and entry["device"] == "cpu" and entry["torch"] == info["torch"]
+    assert text.splitlines()[0].split() == ["device", "cpu"]
+
+
 def test_machine_table_names_the_facts(capsys):
     info = labkit.show_machine()
     for key in ("device", "torch", "triton", "GPU", "CPU cores"):

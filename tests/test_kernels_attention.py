@@ -120,7 +120,7 @@ def test_attention_bench_case_runs():
 
 
 def test_labkit_bench_attention_expands_to_four_cases():
-    from labkit import benchmark
+    from labkit.tools import bench as benchmark
 
     assert benchmark.kernel_groups()["attention"] == ["attention_fwd", "attention_causal_fwd", "attention_bwd",
                                                       "attention_causal_bwd"]

@@ -81,7 +81,7 @@ def test_every_notebook_checks_claims_and_starts_predictions_blank(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_parameter_says_its_kind_so_batch_runs_refuse_bad_values_up_front(path):
-    from labkit import runner
+    from labkit.tools import run as runner
 
     unknown = [name for name, (default, kind) in runner.declared_parameter_kinds(path).items()
                if kind is None and name not in ("device", "quick")]

@@ -2,6 +2,7 @@ import base64
 import json
 
 from labkit import reference
+from labkit.tools.run import save_plots
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")
@@ -40,12 +41,12 @@ def test_tagged_plots_are_saved_from_an_executed_notebook(tmp_path):
                      "outputs": [{"output_type": "display_data", "data": {"image/png": png64}}]},
                     {"cell_type": "code", "metadata": {}, "outputs": [{"output_type": "display_data",
                                                                        "data": {"image/png": png64}}]}]}
-    written = reference.save_plots(nb, tmp_path / "nb")
+    written = save_plots(nb, tmp_path / "nb")
     assert [p.name for p in written] == ["roofline.png"] and written[0].read_bytes() == PNG
 
 
 def test_a_reference_batch_is_added_to_its_machine_and_keeps_the_other_notebooks(tmp_path):
-    from labkit.runner import save_reference
+    from labkit.tools.run import save_reference
 
     make_run(tmp_path)  # 04's entry and plot, from an earlier batch
     png64 = base64.b64encode(PNG).decode()

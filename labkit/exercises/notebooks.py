@@ -16,8 +16,8 @@ import re
 import sys
 from pathlib import Path
 
-from labkit import nbio
 from labkit.paths import COURSE_ROOT
+from labkit.tools import nbio
 
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION[ \t]*$")
 END = re.compile(r"^[ \t]*# END SOLUTION[ \t]*$")

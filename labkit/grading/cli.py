@@ -32,16 +32,7 @@ from labkit.grading.student import Context, grade_student
 from labkit.grading.submissions import find_submissions, match_notebooks
 from labkit.grading.supervise import Limits
 from labkit.paths import COURSE_ROOT
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    try:
-        k, n = (int(v) for v in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shard takes K/N, e.g. 3/16 (got {text!r})") from None
-    if not 1 <= k <= n:
-        raise argparse.ArgumentTypeError(f"--shard K/N needs 1 <= K <= N (got {text!r})")
-    return k, n
+from labkit.tools.shard import parse_shard
 
 
 def roster_hash(students: list[str]) -> str:

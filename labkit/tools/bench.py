@@ -1,8 +1,7 @@
 """`labkit bench`: time labkit's Triton kernels against PyTorch eager, torch.compile and, where
 Liger-Kernel is installed (`pip install labkit[peers]`), its production Triton kernels.
 
-(This module is labkit.benchmark, not labkit.bench: a submodule of that name would replace the
-labkit.bench() timing function on the package as soon as it was imported.)
+(labkit.bench, the timing function every notebook uses, is another thing: labkit.timing.bench.)
 
 For each kernel and size: the median time (labkit.bench), the rate it implies (GB/s from the
 kernel's minimum bytes, or TFLOP/s for matmul), that rate as a fraction of this machine's

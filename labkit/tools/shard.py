@@ -13,13 +13,9 @@ import re
 import statistics
 from pathlib import Path
 
-COURSE_ROOT = Path(__file__).resolve().parent.parent
-DURATIONS = COURSE_ROOT / ".ci" / "durations"
+from labkit.paths import CI_DIR, course_notebooks, machine_slug
 
-
-def slug(gpu: str) -> str:
-    """'NVIDIA H200' -> 'nvidia-h200' (the file name of that machine's data)."""
-    return re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower() or "none"
+DURATIONS = CI_DIR / "durations"
 
 
 def this_gpu() -> str:
@@ -29,17 +25,21 @@ def this_gpu() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
 
 
+class ShardError(ValueError, argparse.ArgumentTypeError):
+    """A shard written wrong; argparse shows its message when parse_shard is an option's type."""
+
+
 def parse_shard(text: str) -> tuple[int, int]:
-    """'2/3' -> (2, 3): shard 2 of 3, counted from 1."""
+    """'2/3' -> (2, 3): shard 2 of 3, counted from 1 (`labkit run --shard`, `labkit grade --shard`)."""
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
     if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
-        raise ValueError(f"shard {text!r}: write it as K/N with 1 <= K <= N, e.g. 1/2 for the first of two")
+        raise ShardError(f"shard {text!r}: write it as K/N with 1 <= K <= N, e.g. 1/2 for the first of two")
     return int(m.group(1)), int(m.group(2))
 
 
 def durations_file(gpu: str | None = None, root: Path = DURATIONS) -> Path | None:
     """This GPU's recorded durations, else another machine's (the order of notebooks carries over), else None."""
-    own = root / f"{slug(gpu or this_gpu())}.json"
+    own = root / f"{machine_slug(gpu or this_gpu())}.json"
     if own.is_file():
         return own
     others = sorted(root.glob("*.json"))
@@ -99,7 +99,7 @@ def record(summaries: list[Path], out: Path | None = None) -> Path:
         for e in summary.get("notebooks", []):
             if e.get("status") == "ok":
                 seconds[Path(e["notebook"]).name] = round(float(e["duration_s"]), 1)
-    out = out or DURATIONS / f"{slug(machine['GPU'])}.json"
+    out = out or DURATIONS / f"{machine_slug(machine['GPU'])}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     keep = ("GPU", "GPUs", "CPU", "torch", "triton", "CUDA (torch build)", "driver", "Python")
     data = {"machine": {k: machine[k] for k in keep if k in machine},
@@ -123,11 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "record":
         print(f"durations written to {record(args.summaries, args.output)}")
         return 0
-    from labkit.runner import default_notebooks
-
     path = args.durations or durations_file(args.gpu)
     durations = load_durations(path)
-    names = [p.name for p in default_notebooks()]
+    names = [p.name for p in course_notebooks()]
     print(f"durations from {path or 'nowhere (no .ci/durations/ file): equal weights'}")
     for k, names_k in enumerate(plan(names, args.n, durations), 1):
         total = sum(durations.get(x, 0.0) for x in names_k)

@@ -3,7 +3,9 @@
 A notebook that ran on the CPU, skipped a GPU section the host could run, had every claim skipped,
 finished implausibly fast against its recorded GPU duration, or kept no plot fails the check; so does
 any failed claim, and on a GPU host at full size any inconclusive one (a quiet GPU must decide them).
-It reads the summary.json of `labkit run` and the executed notebooks next to it.
+It reads the summary.json of `labkit run` and the executed notebooks next to it: where each notebook ran and
+which sections it skipped are data in their outputs (labkit.device's SKIP_MIME and MACHINE_MIME entries, written
+by `labkit.have_gpus` and `labkit.show_machine` beside the lines they print for people).
 """
 from __future__ import annotations
 
@@ -12,22 +14,17 @@ import json
 import re
 from pathlib import Path
 
-from labkit import shard
+from labkit.device import MACHINE_MIME, SKIP_MIME
+from labkit.tools import shard
 
-SKIP_LINE = re.compile(r"\[skipped on this machine\] (?P<section>.*?) needs (?:a CUDA GPU|(?P<n>\d+) CUDA GPUs); "
-                       r"running on (?P<device>\S+) with (?P<have>\d+)")
-NEEDS_GPUS = re.compile(r"\b(?:(?P<n>\d+)|an?|one)\s+(?:CUDA\s+)?GPUs?\b", re.I)
-ON_CPU = re.compile(r"^device\s+cpu\s*$", re.M)  # labkit.show_machine()'s first row
+NEEDS_GPUS = re.compile(r"\b(?:(?P<n>\d+)|an?|one)\s+(?:CUDA\s+)?GPUs?\b", re.I)  # a skipped claim's needs=
 IMAGES = ("image/png", "image/svg+xml", "image/jpeg")
 PLOTTING = re.compile(r"\bplt\.(?:show|subplots|figure|plot)\(|\.plot\(|\.imshow\(")
 
 
-def _text(output: dict) -> str:
-    if output.get("output_type") == "stream":
-        text = output.get("text", "")
-    else:
-        text = output.get("data", {}).get("text/plain", "")
-    return "".join(text) if isinstance(text, list) else str(text)
+def _entries(outputs: list[dict], mime: str) -> list[dict]:
+    """The data entries a cell's outputs hold under `mime`."""
+    return [e for o in outputs if isinstance(e := o.get("data", {}).get(mime), dict)]
 
 
 def _tags(cell: dict) -> list[str]:
@@ -41,6 +38,11 @@ def _source(cell: dict) -> str:
 
 def _wanted_gpus(match: re.Match) -> int:
     return int(match.group("n")) if match.group("n") else 1
+
+
+def _skipped(outputs: list[dict]) -> list[dict]:
+    """The sections a cell skipped (labkit.have_gpus' entries): section, needs_gpus, device, gpus."""
+    return _entries(outputs, SKIP_MIME)
 
 
 def problems(executed: dict, entry: dict, host_gpus: int, recorded_s: float | None = None,
@@ -57,14 +59,13 @@ def problems(executed: dict, entry: dict, host_gpus: int, recorded_s: float | No
                          f"{c.get('note', '')}"[:400])
     code = [c for c in executed.get("cells", []) if c.get("cell_type") == "code"]
     if host_gpus:
-        texts = [_text(o) for c in code for o in c.get("outputs", [])]
-        if any(ON_CPU.search(t) for t in texts):
+        outputs = [o for c in code for o in c.get("outputs", [])]
+        if any(str(m.get("device", "")) == "cpu" for m in _entries(outputs, MACHINE_MIME)):
             found.append("ran on the CPU on a GPU host (its machine table says device cpu)")
-        for t in texts:
-            for m in SKIP_LINE.finditer(t):
-                if _wanted_gpus(m) <= host_gpus:
-                    found.append(f"skipped {m.group('section')!r} (needs {_wanted_gpus(m)} GPU(s); this host has "
-                                 f"{host_gpus}, the notebook ran on {m.group('device')} with {m.group('have')})")
+        for s in _skipped(outputs):
+            if s["needs_gpus"] <= host_gpus:
+                found.append(f"skipped {s['section']!r} (needs {s['needs_gpus']} GPU(s); this host has "
+                             f"{host_gpus}, the notebook ran on {s['device']} with {s['gpus']})")
         claims = entry.get("claims") or {}
         skipped = [c for c in claims.values() if c.get("status") == "skipped"]
         if claims and len(skipped) == len(claims):
@@ -82,7 +83,7 @@ def problems(executed: dict, entry: dict, host_gpus: int, recorded_s: float | No
             outs = cell.get("outputs", [])
             if any(k in o.get("data", {}) for o in outs for k in IMAGES):
                 continue
-            excused = [m for o in outs for m in SKIP_LINE.finditer(_text(o)) if _wanted_gpus(m) > host_gpus]
+            excused = [s for s in _skipped(outs) if s["needs_gpus"] > host_gpus]
             if not excused:
                 found.append(f"code cell {i} ({tag}) kept no plot: is MPLBACKEND=Agg set for the kernel?")
     tagged = any(t.startswith("plot:") for c in code for t in _tags(c))

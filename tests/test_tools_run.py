@@ -7,7 +7,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit import runner
+from labkit.paths import course_notebooks
+from labkit.tools import run as runner
 from labkit.paths import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +70,7 @@ def test_missing_notebook_is_a_clear_error(tmp_path):
 
 
 def test_default_is_every_numbered_notebook_in_order():
-    names = [p.name for p in runner.default_notebooks()]
+    names = [p.name for p in course_notebooks()]
     assert names == sorted(names) and "index.ipynb" not in names and names[0].startswith("00_")
 
 

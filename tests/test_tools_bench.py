@@ -10,7 +10,8 @@ import types
 import pytest
 import torch
 
-from labkit import benchmark, kernels
+from labkit import kernels
+from labkit.tools import bench
 from labkit.kernels._bench import BenchCase, Timed
 
 CSV_HEAD = ["kernel", "shape", "dtype", "ms", "spread", "rate", "unit", "ceiling", "fraction"]
@@ -23,16 +24,16 @@ def test_every_benchmarked_module_offers_well_formed_cases():
         assert cases, module.__name__
         for case in cases:
             assert isinstance(case, BenchCase) and case.unit in ("GB/s", "TFLOP/s")
-            assert case.cpu_sizes and case.gpu_sizes and set(case.gpu_dtypes) <= set(benchmark.DTYPES)
+            assert case.cpu_sizes and case.gpu_sizes and set(case.gpu_dtypes) <= set(bench.DTYPES)
             for size in case.cpu_sizes + case.gpu_sizes:
-                benchmark.parse_shape(size)
+                bench.parse_shape(size)
             names.append(case.name)
     assert len(names) == len(set(names))
     assert {"vector_add", "bias_gelu_bwd", "softmax", "layer_norm_bwd", "adam", "matmul"} <= set(names)
 
 
 def test_bench_runs_two_kernels_and_saves_the_same_columns(tmp_path, capsys):
-    assert benchmark.main(["vector_add", "matmul", "--sizes", "33", "--save", str(tmp_path / "b")]) == 0
+    assert bench.main(["vector_add", "matmul", "--sizes", "33", "--save", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert "vector_add  (rate from the minimum bytes/FLOPs" in out and "vs torch" in out
     with open(tmp_path / "b.csv", newline="") as f:
@@ -56,14 +57,14 @@ def test_peers_are_absent_without_a_gpu_and_their_column_is_dropped(monkeypatch,
         m.setattr(device, "current", lambda: types.SimpleNamespace(is_gpu=False))
         assert _bench.peer("softmax") is None  # a CPU has no production kernel to compare with
     monkeypatch.setattr(softmax, "peer", lambda name: None)  # as on a GPU host without Liger-Kernel
-    assert benchmark.main(["softmax", "--sizes", "5x33"]) == 0
+    assert bench.main(["softmax", "--sizes", "5x33"]) == 0
     out = capsys.readouterr().out
     assert "vs eager" in out and "vs liger" not in out
 
 
 def test_a_size_a_kernel_cannot_take_is_skipped_with_its_reason(capsys):
     # Layer norm takes rows of at most 16384: one line says so, and the next kernel still runs.
-    assert benchmark.main(["layer_norm", "vector_add", "--sizes", "16385"]) == 0
+    assert bench.main(["layer_norm", "vector_add", "--sizes", "16385"]) == 0
     captured = capsys.readouterr()
     said = captured.out + captured.err
     assert "layer_norm 16385 fp32: skipped: layer_norm: rows of 16385 elements are longer" in said
@@ -80,13 +81,13 @@ def test_a_new_kernel_module_is_one_entry_in_the_list(monkeypatch, capsys):
     toy = types.ModuleType("labkit.kernels.toy_double")
     toy.bench_cases = lambda: [BenchCase("toy_double", make, ("64",), ("5x7",))]
     monkeypatch.setattr(kernels, "BENCHMARKED", kernels.BENCHMARKED + [toy])
-    assert benchmark.main(["toy_double"]) == 0
+    assert bench.main(["toy_double"]) == 0
     assert "toy_double" in capsys.readouterr().out
 
 
 def test_unknown_kernels_are_named_with_the_choices(capsys):
     with pytest.raises(SystemExit):
-        benchmark.main(["no_such_kernel"])
+        bench.main(["no_such_kernel"])
     assert "choose from vector_add" in capsys.readouterr().err
 
 
@@ -94,14 +95,14 @@ def test_cuda_graph_timing_needs_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the GPU test below covers --cuda-graph")
     with pytest.raises(SystemExit):
-        benchmark.main(["vector_add", "--cuda-graph"])
+        bench.main(["vector_add", "--cuda-graph"])
     assert "--cuda-graph needs a CUDA GPU" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_cuda_graph_timing_captures_backward_and_forward_backward_rows(tmp_path, capsys):
     # The backward rows build their forward on the first call, on the stream the graph is captured on.
-    assert benchmark.main(["bias_gelu_bwd", "layer_norm_fb", "--sizes", "1024x1024", "--dtypes", "bf16",
+    assert bench.main(["bias_gelu_bwd", "layer_norm_fb", "--sizes", "1024x1024", "--dtypes", "bf16",
                            "--no-compile", "--cuda-graph", "--save", str(tmp_path / "g")]) == 0
     assert "timing: cuda-graph" in capsys.readouterr().out
     saved = json.loads((tmp_path / "g.json").read_text())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import base64
 import datetime
 import difflib
 import json
@@ -18,14 +19,10 @@ import time
 from pathlib import Path
 
 from labkit import claims as claims_mod
-from labkit import nbio
+from labkit import reference
 from labkit.figures import figures_in, fmt_value
-from labkit.paths import COURSE_ROOT
-
-
-def default_notebooks() -> list[Path]:
-    """The course's notebooks in order (the index is only links)."""
-    return sorted(p for p in (COURSE_ROOT / "notebooks").glob("[0-9]*.ipynb"))
+from labkit.paths import course_notebooks, machine_slug
+from labkit.tools import nbio, shard
 
 
 def parse_value(text: str):
@@ -246,23 +243,41 @@ def failed_claims(entries: list[dict], statuses: tuple[str, ...] = (claims_mod.F
             if c.get("status") in statuses]
 
 
+def reference_folder(machine: dict) -> str:
+    """reference/<folder>/ of a machine: 'nvidia-h200', or 'nvidia-h200-x2' for a host of two (another machine)."""
+    n = reference.gpu_count(machine)
+    return machine_slug(machine["GPU"]) + (f"-x{n}" if n > 1 else "")
+
+
+def save_plots(executed: dict, folder: Path) -> list[Path]:
+    """Write each `plot:NAME`-tagged cell's last PNG output of an executed notebook to folder/NAME.png."""
+    written = []
+    for cell in executed.get("cells", []):
+        tags = [t for t in cell.get("metadata", {}).get("tags", []) if t.startswith("plot:")]
+        pngs = [o["data"]["image/png"] for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+        if tags and pngs:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{tags[0][5:]}.png"
+            path.write_bytes(base64.b64decode(pngs[-1]))
+            written.append(path)
+    return written
+
+
 def save_reference(out_dir: Path, entries: list[dict], root: Path | None = None) -> Path:
     """Add a finished batch (summary entries and tagged plots) to reference/<machine>/ for students without one:
     the notebooks of this batch replace their earlier entries and plots, every other notebook's are kept."""
-    from labkit import reference
-
     summary = json.loads((out_dir / "summary.json").read_text())
     machine = summary.get("machine", {})
     gpu = machine.get("GPU", "none")
     if gpu in ("none", None):
         raise SystemExit("labkit run --reference: a reference run must be made on a GPU host (no GPU here)")
-    dest = (root or reference.ROOT) / reference.folder(machine)
+    dest = (root or reference.ROOT) / reference_folder(machine)
     dest.mkdir(parents=True, exist_ok=True)
     for e in entries:
         out = Path(e["output"])
         if out.exists():
             shutil.rmtree(dest / out.stem, ignore_errors=True)
-            reference.save_plots(nbio.read(out), dest / out.stem)
+            save_plots(nbio.read(out), dest / out.stem)
     new = summary["notebooks"]
     for e in new:  # paths on the GPU host mean nothing to a student
         e["notebook"], e["output"] = Path(e["notebook"]).name, Path(e["output"]).name
@@ -295,12 +310,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="exit 0 even when a claim failed (for exploring); failed notebooks still fail the run")
     args = ap.parse_args(argv)
 
-    notebooks = args.notebooks or default_notebooks()
+    notebooks = args.notebooks or course_notebooks()
     missing = [str(p) for p in notebooks if not p.is_file()]
     if missing:
         ap.error(f"no such notebook: {', '.join(missing)}")
     if args.shard:
-        from labkit import shard
         try:
             source = args.durations or shard.durations_file()
             notebooks = shard.select(notebooks, args.shard, shard.load_durations(source))

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit import baseline, cli
+from labkit import cli
+from labkit.tools import baseline
 
 GPU = "Imaginary GPU 9000"  # no baseline is ever committed for it
 CASES = [f"case{i}" for i in range(10)]

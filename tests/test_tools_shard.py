@@ -7,8 +7,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit import shard
-from labkit.paths import child_env
+from labkit.paths import child_env, machine_slug
+from labkit.tools import shard
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / ".ci" / "durations" / "nvidia-h200.json"
@@ -53,7 +53,7 @@ def test_select_gives_each_notebook_to_exactly_one_shard():
 def test_the_recorded_h200_durations_name_their_machine_and_real_notebooks():
     data = json.loads(H200.read_text())
     assert data["machine"]["GPU"] == "NVIDIA H200" and data["machine"]["torch"] and data["source"]
-    assert shard.slug(data["machine"]["GPU"]) == H200.stem
+    assert machine_slug(data["machine"]["GPU"]) == H200.stem
     assert all(v > 0 for v in data["seconds"].values()) and len(data["seconds"]) >= 9
     assert all((ROOT / "notebooks" / name).is_file() for name in data["seconds"])
 

@@ -15,17 +15,16 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.shard import slug
+from labkit.paths import CI_DIR, COURSE_ROOT, machine_slug
 
-COURSE_ROOT = Path(__file__).resolve().parent.parent
-BASELINES = COURSE_ROOT / ".ci" / "baselines"
+BASELINES = CI_DIR / "baselines"
 FORMAT = "labkit-baseline/1"
 MAX_SLOWDOWN = 0.10  # a kernel this much slower than its baseline is flagged
 MAX_GEOMEAN_DROP = 0.02  # the geometric mean of speed-ups may drop this much before the compare fails
 
 
 def path_for(gpu: str, root: Path = BASELINES) -> Path:
-    return root / f"{slug(gpu)}.json"
+    return root / f"{machine_slug(gpu)}.json"
 
 
 def key(row: dict) -> str:
