@@ -14,7 +14,7 @@ Each hook: what labkit uses it for; what happens without it.
   see which kernels a call launched; no launch record, and the checks say so.
 - `triton.runtime.interpreter` (`_patch_lang_tensor`, `InterpreterBuilder`): labkit.setup() mends the
   interpreter; it runs as Triton has it.
-- `torch.cuda._compile_kernel`, `torch.cuda._utils`: the NVRTC cluster kernels (labkit/cuda/rtc.py); the
+- `torch.cuda._compile_kernel`, `torch.cuda._utils`: the NVRTC cluster kernels (labkit/kernels/cluster/rtc.py); the
   Triton kernels, with one warning.
 - `torch._C._cuda_getCurrentRawStream`: the current stream's handle, cheaply; `torch.cuda.current_stream()`.
 - `torch._scaled_mm`: FP8 matmuls (labkit.precision); FP8 emulated.
@@ -24,7 +24,7 @@ Each hook: what labkit uses it for; what happens without it.
   sets it.
 - `torch.utils._python_dispatch.TorchDispatchMode`: counting the ops a call runs (exercise 11); none, it is
   needed.
-- `DistributedDataParallel._get_ddp_logging_data`: the sizes of DDP's gradient buckets (labkit.ddp_train);
+- `DistributedDataParallel._get_ddp_logging_data`: the sizes of DDP's gradient buckets (labkit.parallel.ddp_timing);
   one bucket of every gradient assumed.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ import contextlib
 import threading
 import time
 
-from labkit.server import bound_socket
+from labkit.serving.server import bound_socket
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ def server_round_trip() -> tuple[bool, str]:
     """A keep-alive round trip to the in-process server (was tests/test_server.py, Nagle: median < 20 ms)."""
     import httpx
 
-    from labkit import server
+    from labkit.serving import server
     from serving_util import serving
 
     app = server.make_app(lambda x: x[:, :2] * 3, 5, max_batch=4, max_delay_s=0.0, max_queue=64)
@@ -49,10 +49,10 @@ def server_round_trip() -> tuple[bool, str]:
 def server_load() -> tuple[bool, str]:
     """The launched server, a 2 ms stand-in model, 1500 requests/s offered (was tests/test_server.py:
     > 750 requests/s answered, 1.5x one request per model call, in batches of more than 2 on average)."""
-    from labkit import loadgen, server
+    from labkit.serving import client, loadgen
 
     body = json.dumps({"x": [0.5] * 8}).encode()
-    with server.launch("--fake-ms", "2", "--d-in", "8", "--d-out", "2", "--max-batch", "64",
+    with client.launch("--fake-ms", "2", "--d-in", "8", "--d-out", "2", "--max-batch", "64",
                        "--max-delay-ms", "2", "--max-queue", "4096") as srv:
         res = loadgen.run(srv.url, rate=1500, n=3000, payload=lambda i: body, max_s=2.0, timeout_s=20)
     ok = res.throughput > 750 and res.mean_batch > 2 and res.ok == res.sent
@@ -62,7 +62,7 @@ def server_load() -> tuple[bool, str]:
 def loadgen_open_loop() -> tuple[bool, str]:
     """The load generator against a 30 ms synthetic server at 60 requests/s (was tests/test_loadgen.py:
     throughput within 0.3x-3x of the rate, the client's p99 send lag under 1 s)."""
-    from labkit import loadgen
+    from labkit.serving import loadgen
     from serving_util import serving
     from test_loadgen import payload, synthetic_app
 
@@ -74,7 +74,7 @@ def loadgen_open_loop() -> tuple[bool, str]:
 
 def simulate_speed() -> tuple[bool, str]:
     """16 batcher simulations of 4000 requests (was tests/test_batcher.py: under 5 s)."""
-    from labkit.batchsim import curve, poisson_arrivals, simulate
+    from labkit.serving.batchsim import curve, poisson_arrivals, simulate
 
     t = curve([1, 8, 64, 256], [1.8e-3, 1.8e-3, 2.2e-3, 4e-3])
     t0 = time.perf_counter()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from labkit import cuda
+from labkit.kernels.cluster import rtc
 
 NVCC = shutil.which("nvcc")
 # Hopper (H100/H200) and Turing (T4, the oldest GPU nvcc 13 still targets).
@@ -51,8 +52,8 @@ def test_cluster_kernels_compile_for_hopper(source, defines, elem, tmp_path):
     or register spills (they keep their chunks of rows in registers, and rows in flight in shared memory);
     softmax's within the registers that let two of its largest blocks share an SM."""
     cmd = [NVCC, "-c", "-O3", "-std=c++17", "--Werror", "all-warnings", "-gencode", TARGETS[0], "-Xptxas", "-v",
-           "-I", str(cuda.SOURCE_DIR), f"-DELEM={elem}", *(f"-D{k}={v}" for k, v in defines.items()),
-           str(cuda.SOURCE_DIR / source), "-o", str(tmp_path / "k.o")]
+           "-I", str(rtc.SOURCE_DIR), f"-DELEM={elem}", *(f"-D{k}={v}" for k, v in defines.items()),
+           str(rtc.SOURCE_DIR / source), "-o", str(tmp_path / "k.o")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(cmd)}\nfailed:\n{done.stderr}{done.stdout}"
     assert "0 bytes spill stores" in done.stdout + done.stderr, done.stdout + done.stderr

@@ -1,9 +1,9 @@
-"""labkit.cuda.rtc: kernels compiled at run time by NVRTC; what happens where they cannot be."""
+"""labkit.kernels.cluster.rtc: kernels compiled at run time by NVRTC; what happens where they cannot be."""
 import pytest
 import torch
 
 import labkit
-from labkit.cuda import rtc
+from labkit.kernels.cluster import rtc
 
 DEV = labkit.current().device
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from labkit import check
-from labkit.batcher import launch_delay
+from labkit.serving.batcher import launch_delay
 from labkit.exercises import ex12_serving
 from labkit.grading import specs
 from labkit.paths import child_env
@@ -25,7 +25,7 @@ WRONG = {  # policies a student might write, each breaking a rule somewhere
     "half_delay": "return 0.0 if n_waiting >= max_batch else max(0.0, max_delay_s / 2 - oldest_wait_s)",
     "never": "return float('inf')",
 }
-IMPORTED = ("    from labkit.batcher import launch_delay as answer\n"
+IMPORTED = ("    from labkit.serving.batcher import launch_delay as answer\n"
             "    return answer(n_waiting, oldest_wait_s, max_batch, max_delay_s)\n")
 SOLUTION_BODY = ("    if n_waiting >= max_batch:\n        return 0.0\n"
                  "    return max(0.0, max_delay_s - oldest_wait_s)\n")
@@ -88,7 +88,8 @@ def test_grader_gives_the_solution_full_marks_and_wrong_policies_less(tmp_path, 
     importer = json.loads(json.dumps(sol))  # labkit's own policy, imported: a stub while graded
     cell = next(c for c in importer["cells"] if SOLUTION_BODY in "".join(c["source"]))
     cell["source"] = "".join(cell["source"]).replace(SOLUTION_BODY, IMPORTED)
-    use = "from labkit import batcher\nassert batcher.launch_delay(8, 0.0, 8, 1e-3) == 0.0"  # a cell: labkit's own
+    # a cell that uses labkit's own policy
+    use = "from labkit.serving import batcher\nassert batcher.launch_delay(8, 0.0, 8, 1e-3) == 0.0"
     importer["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "id": "use",
                               "source": use})
     notebooks["importer"] = importer
@@ -108,7 +109,8 @@ def test_grader_gives_the_solution_full_marks_and_wrong_policies_less(tmp_path, 
     assert float(rows["always_now"]["launch_delay"]) < 1 and "launched too early" in feedback["always_now"]
     assert (float(rows["always_max_delay"]["launch_delay"]) < 1
             and "keeps answering 'wait'" in feedback["always_max_delay"])
-    # the import trick scores zero and says why; the notebook's own use of labkit.batcher still ran (no cell error)
+    # the import trick scores zero and says why; the notebook's own use of labkit.serving.batcher still ran
+    # (no cell error)
     assert rows["importer"]["launch_delay"] == "0", feedback["importer"]
     assert "is what exercise 12_serving asks you to write" in feedback["importer"], feedback["importer"]
     assert "code cell" not in feedback["importer"], feedback["importer"]

@@ -12,15 +12,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = textwrap.dedent("""
     import pytest
-    from labkit import batchsim, batcher
+    from labkit.serving import batchsim, batcher
     from labkit.grading import answers
     from labkit.parallel import pipeline
     from labkit.capstone import train
 
-    answers.install({"labkit.batcher.launch_delay": {"launch_delay": "12_serving"},
+    answers.install({"labkit.serving.batcher.launch_delay": {"launch_delay": "12_serving"},
                      "labkit.parallel.pipeline.order_1f1b": {"one_f_one_b": "10_model_parallel"},
                      "labkit.capstone.train.Trainer": {"make_trainer": "13_capstone"}})
-    from labkit.batcher import launch_delay  # what a student's cell gets
+    from labkit.serving.batcher import launch_delay  # what a student's cell gets
     assert launch_delay is batcher.launch_delay is batchsim.launch_delay
     assert pipeline.ORDERS["1f1b"] is pipeline.order_1f1b  # dict values too
     assert launch_delay(8, 0.0, 8, 1e-3) == 0.0  # outside grading: labkit's own, for the notebook's cells

@@ -6,6 +6,7 @@ import torch
 
 import labkit
 from labkit import kernels
+from labkit.kernels import attention_bench
 
 DEV = labkit.current().device
 mod = sys.modules["labkit.kernels.attention"]
@@ -112,10 +113,10 @@ def test_attention_counts():
 
 
 def test_attention_bench_case_runs():
-    case = mod.bench_case("1x1x24x16", torch.float16, causal=True, use_compile=False)
+    case = attention_bench.bench_case("1x1x24x16", torch.float16, causal=True, use_compile=False)
     case["fn"]()
     assert case["baselines"]["naive"] is not None and case["baselines"]["math"] is not None
-    bwd = mod.bench_case("1x1x24x16", torch.float16, backward=True, use_compile=False)
+    bwd = attention_bench.bench_case("1x1x24x16", torch.float16, backward=True, use_compile=False)
     assert len(bwd["fn"]()) == 3 and bwd["flops"] == mod.flops(1, 1, 24, 16, backward=True)
 
 

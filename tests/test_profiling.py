@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from labkit import chrome_trace, ncu_report, ncu_workload, nsight, rnn_trace, trace_summary
+from labkit.profiling import chrome_trace, ncu_report, ncu_workload, nsight, rnn_trace, trace_summary
 from labkit import profiling as P
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -107,12 +107,13 @@ def test_add_a_kernel_test_it_and_bench_it(tmp_path):
     course = course_copy(tmp_path, "tests/conftest.py")
     # 1. the kernel module, with its bench cases
     shutil.copy(TOYS / "toy_scale.py", course / "labkit" / "kernels" / "toy_scale.py")
-    # 2. imported, and one entry in BENCHMARKED
+    # 2. one line in KERNELS: the import, kernels.toy_scale, its attributes, BENCHMARKED and modules() follow
     init = course / "labkit" / "kernels" / "__init__.py"
-    insert_after(init, "from labkit.kernels.vector_add import vector_add  # noqa: E402\n",
-                 "from labkit.kernels import toy_scale as _toy_scale_mod  # noqa: E402\n"
-                 "from labkit.kernels.toy_scale import toy_scale  # noqa: E402\n")
-    insert_after(init, "BENCHMARKED = [", "_toy_scale_mod, ")
+    insert_after(init, '    "attention": "attention",\n', '    "toy_scale": "toy_scale",\n')
+    run(course, "-c", "from labkit import kernels\n"
+        "assert kernels.modules()['toy_scale'].__name__ == 'labkit.kernels.toy_scale'\n"
+        "assert kernels.toy_scale.min_bytes(10) == 80 and kernels.toy_scale.reference is not None\n"
+        "assert list(kernels.BENCHMARKED)[-1] == 'toy_scale'")
     # 3. its test, then bench it
     shutil.copy(TOYS / "toy_scale_tests.py", course / "tests" / "test_kernels_toy_scale.py")
     run(course, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels_toy_scale.py")
@@ -136,3 +137,22 @@ def test_add_a_notebook_that_passes_the_notebook_rules_and_runs(tmp_path):
     run(course, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_notebooks.py")
     run(course, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
         "notebooks/99_toy.ipynb")
+
+
+def test_add_a_torchrun_lab_and_launch_it_on_two_processes(tmp_path):
+    course = course_copy(tmp_path)
+    shutil.copy(TOYS / "toy_allsum.py", course / "labkit" / "parallel" / "toy_allsum.py")
+    done = run(course, "-c", "from labkit.parallel import launch\n"
+               "r = launch.torchrun('labkit.parallel.toy_allsum', 2, [], echo=False, timeout=300)\n"
+               "assert r['sum'] == 3.0 and r['world_size'] == 2 and r['backend'] == 'gloo', r\n"
+               "print('ok')")
+    assert done.stdout.strip().endswith("ok")
+
+
+def test_add_a_labkit_verb(tmp_path):
+    course = course_copy(tmp_path)
+    shutil.copy(TOYS / "toy_hello.py", course / "labkit" / "tools" / "hello.py")
+    insert_after(course / "labkit" / "cli.py", "COMMANDS: dict[str, tuple[str, str]] = {\n",
+                 '    "hello": ("labkit.tools.hello", "greet someone"),\n')
+    assert run(course, "-m", "labkit.cli", "hello", "Ada").stdout.strip() == "hello, Ada"
+    assert "greet someone" in run(course, "-m", "labkit.cli", "--help").stdout

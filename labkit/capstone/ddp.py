@@ -6,7 +6,7 @@
 Each rank takes an equal slice of the global batch, so the averaged gradient, and the loss after N
 steps, are the single-process run's (strong scaling). Timing: fixed step counts, a synchronize and the
 slowest rank's clock (labkit.bench would pick a different repetition count on each rank and deadlock);
-the helpers come from labkit.ddp_train (notebook 08).
+the helpers come from labkit.parallel.ddp (notebook 08).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from labkit.capstone.data import make_corpus
 from labkit.capstone.model import GPTConfig
 from labkit.capstone.train import RunConfig, Trainer, final_loss
 from labkit.capstone.variants import variant
-from labkit.ddp_train import _slowest, _sync, choose, init_group, timed_on_slowest_rank
+from labkit.parallel.launch import choose, init_group, slowest, sync, timed_on_slowest_rank
 from labkit.parallel.launch import torchrun
 
 
@@ -79,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         corpus = make_corpus(run.windows, run.model.seq, run.seed)
         t = DDPTrainer(v, run, corpus, device, rank=rank, world=world)
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         t.step()
-        _sync(device)
-        warmup = _slowest(time.perf_counter() - t0, device)
+        sync(device)
+        warmup = slowest(time.perf_counter() - t0, device)
         for _ in range(run.steps - 1):
             t.step()
         buf = t.loss_buf.clone() if not v.sync_each_step else torch.tensor(t.logged, device=device)
@@ -115,6 +115,6 @@ def launch(run: RunConfig, nproc: int, out: Path, device: str = "auto", name: st
 
 
 if __name__ == "__main__":
-    from labkit.ddp_train import exit_rank
+    from labkit.parallel.launch import exit_rank
 
     exit_rank(main())  # skips C++ static destructors that can abort a gloo worker at exit

@@ -5,9 +5,8 @@ compiles in seconds; `binding.cpp` checks tensors and calls them on PyTorch's cu
 `build()` compiles both with `torch.utils.cpp_extension.load` into a cache folder, so only the
 first build on a machine is slow. Importing this module needs no GPU; calling a kernel without
 one (or without nvcc) raises `CudaUnavailable` saying what is missing and what to do.
-(The thread-block-cluster kernels that labkit.kernels uses for long rows on Hopper,
-`softmax_cluster.cu` and `layer_norm_bwd_cluster.cu`, are not part of this build: `rtc` compiles
-them at run time with NVRTC.)
+These are notebook 06's teaching kernels; the production kernels' CUDA halves (the Hopper cluster kernels)
+live in labkit/kernels/cluster/, compiled at run time with NVRTC.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Exercise 12, serving: the batching policy `launch_delay(n_waiting, oldest_wait_s, max_batch, max_delay_s)`.
 
-The student's policy drives `labkit.batchsim.simulate` on an arrival trace (in the grading child);
+The student's policy drives `labkit.serving.batchsim.simulate` on an arrival trace (in the grading child);
 the timeline it produces (each batch's size and launch time) is judged against the rules here:
 every request answered exactly once, no batch over max_batch, no batch launched late (a full
 queue, or an oldest request that waited max_delay, must launch as soon as the model is free)
@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from labkit import batchsim
-from labkit.batcher import bucket_for, bucket_sizes, launch_delay
+from labkit.serving import batchsim
+from labkit.serving.batcher import bucket_for, bucket_sizes, launch_delay
 from labkit.exercises.spec import Function
 
 NOTEBOOK = "12_serving"
@@ -124,4 +124,4 @@ def visible_launch_delay() -> list[dict]:
 
 
 FUNCTIONS = [Function("launch_delay", call_launch_delay, visible_launch_delay, compare=judge_timeline,
-                      answers=("labkit.batcher.launch_delay",))]  # a stub while graded: labkit has the answer
+                      answers=("labkit.serving.batcher.launch_delay",))]  # a stub while graded: labkit has the answer

@@ -30,7 +30,7 @@ class Function:
     helpers (solutions/graded/). compare(expected, got, rtol, atol) lists what differs. A case is passed
     or failed, unless `score(expected, got)` gives (the fraction of its points earned, what to tell the
     student, figures for the class leaderboard). `answers` names labkit objects that ARE the answer
-    ("labkit.batcher.launch_delay"): while this function is graded they are stubs that say so.
+    ("labkit.serving.batcher.launch_delay"): while this function is graded they are stubs that say so.
     """
 
     name: str

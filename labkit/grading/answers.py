@@ -1,11 +1,11 @@
 """Answers that live in labkit: while the function they answer is graded, they are stubs that say so.
 
-An exercise declares them (spec.Function.answers, e.g. "labkit.batcher.launch_delay"). In the grading
+An exercise declares them (spec.Function.answers, e.g. "labkit.serving.batcher.launch_delay"). In the grading
 child, before student code runs, every labkit module's reference to such an object (a module attribute,
 or a value of a module-level dict) is replaced by a stub. While the grader calls the function the name
 answers, the stub raises "this is what exercise NN asks you to write"; at any other time (the notebook's
 own cells, other exercises) it behaves as the real object, so a notebook that compares with labkit still runs.
-This stops `from labkit.batcher import launch_delay`; it cannot hide objects from code that digs through
+This stops `from labkit.serving.batcher import launch_delay`; it cannot hide objects from code that digs through
 the process's memory (gc, closures): that is what the sandbox and the hidden cases are for.
 """
 from __future__ import annotations

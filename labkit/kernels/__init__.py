@@ -1,39 +1,52 @@
 """labkit's Triton kernels: each module holds the byte/FLOP count, a PyTorch reference, the kernel
 and a checked wrapper. Importing this package runs labkit's set-up first (if it has not run), so on
 a machine without a GPU the kernels are defined for the Triton interpreter and take CPU tensors.
+
+A kernel is one line of `KERNELS`: everything else here (the imports, `kernels.NAME`, its attributes,
+`BENCHMARKED` and `modules()`) is derived from it.
 """
+import importlib
+from types import ModuleType
+
 from labkit.device import current as _current
 
 _current()  # before triton is imported: decides TRITON_INTERPRET
 
-from labkit.kernels import adam, attention as _attention_mod  # noqa: E402
-from labkit.kernels import bias_gelu as _bias_gelu_mod, layer_norm as _layer_norm_mod  # noqa: E402
-from labkit.kernels import matmul as _matmul_mod, softmax as _softmax_mod, vector_add as _vector_add_mod  # noqa: E402
-from labkit.kernels.adam import TritonAdamW  # noqa: E402
-from labkit.kernels.attention import attention  # noqa: E402
-from labkit.kernels.bias_gelu import bias_gelu  # noqa: E402
-from labkit.kernels.layer_norm import layer_norm  # noqa: E402
-from labkit.kernels.matmul import matmul  # noqa: E402
-from labkit.kernels.softmax import softmax  # noqa: E402
-from labkit.kernels.vector_add import vector_add  # noqa: E402
+# kernel module (labkit/kernels/<module>.py) -> the public callable it exports, in the order `labkit bench` times them
+KERNELS: dict[str, str] = {
+    "vector_add": "vector_add",
+    "bias_gelu": "bias_gelu",
+    "softmax": "softmax",
+    "layer_norm": "layer_norm",
+    "adam": "TritonAdamW",
+    "matmul": "matmul",
+    "attention": "attention",
+}
+ATTRIBUTES = ("reference", "min_bytes", "flops")  # each function carries its module's counts and reference
+# A kernel's bench cases (bench_cases(), labkit/kernels/_bench.py) end its own module, or live in the module
+# named here when they bring a harness of their own.
+BENCH_MODULES: dict[str, str] = {"attention": "attention_bench"}
 
-# `kernels.softmax` is the function, and also carries its module's counts and reference:
-# kernels.softmax.min_bytes(...), kernels.softmax.reference(...) (likewise for the others).
-for _name, _mod in (("vector_add", _vector_add_mod), ("bias_gelu", _bias_gelu_mod), ("softmax", _softmax_mod),
-                    ("layer_norm", _layer_norm_mod), ("matmul", _matmul_mod),
-                    ("attention", _attention_mod)):
-    for _attr in ("reference", "min_bytes", "flops"):
-        setattr(getattr(_mod, _name), _attr, getattr(_mod, _attr))
+_modules: dict[str, ModuleType] = {}
+for _module, _public in KERNELS.items():
+    _mod = _modules[_module] = importlib.import_module(f"labkit.kernels.{_module}")
+    _obj = getattr(_mod, _public)
+    if not isinstance(_obj, type):  # kernels.softmax is the function; kernels.softmax.min_bytes(...) its count
+        for _attr in ATTRIBUTES:
+            if hasattr(_mod, _attr):
+                setattr(_obj, _attr, getattr(_mod, _attr))
+    globals()[_public] = _obj  # a function replaces its module's name here; a class (TritonAdamW) sits beside it
 
-__all__ = ["vector_add", "bias_gelu", "softmax", "layer_norm", "TritonAdamW", "matmul", "attention", "modules",
-           "BENCHMARKED"]
+# Kernel name -> the module whose bench_cases() `labkit bench` times, in KERNELS' order.
+BENCHMARKED: dict[str, ModuleType] = {}
+for _module in KERNELS:
+    _bench_mod = importlib.import_module(f"labkit.kernels.{BENCH_MODULES.get(_module, _module)}")
+    if hasattr(_bench_mod, "bench_cases"):
+        BENCHMARKED[_module] = _bench_mod
 
-# The kernel modules `labkit bench` times, in order: each offers bench_cases() (labkit/kernels/_bench.py).
-BENCHMARKED = [_vector_add_mod, _bias_gelu_mod, _softmax_mod, _layer_norm_mod, adam, _matmul_mod, _attention_mod]
+__all__ = [*KERNELS.values(), "KERNELS", "modules", "BENCHMARKED"]
 
 
-def modules() -> dict:
+def modules() -> dict[str, ModuleType]:
     """Each kernel's module (its min_bytes, flops, reference...), by kernel name."""
-    return {"vector_add": _vector_add_mod, "bias_gelu": _bias_gelu_mod, "softmax": _softmax_mod,
-            "layer_norm": _layer_norm_mod, "adam": adam, "matmul": _matmul_mod,
-            "attention": _attention_mod}
+    return dict(_modules)

@@ -10,17 +10,15 @@ N x N score and probability matrices: about 4·B·H·N²·element_size more, whi
 few hundred tokens on. The fused kernel never stores them: each program keeps a tile of queries,
 walks over the key/value tiles, and keeps a running max and sum of the softmax (online softmax).
 Compute-bound at long N: its intensity is about N/2 FLOP/byte in 16-bit (naive: about d/2).
+Its benchmark against SDPA's backends: labkit/kernels/attention_bench.py.
 """
 from __future__ import annotations
-
-import warnings
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit import compat
 from labkit.kernels._common import INTERPRETED, cdiv, check_same_device, check_same_dtype, check_tensor
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -279,7 +277,6 @@ def attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, 
 # ---------------------------------------------------------------------------------------------
 # Tile sizes. On a GPU the forward is autotuned over a few configs (keyed on lengths, d and the mask);
 # the interpreter runs small fixed tiles (every program is Python there).
-# ---------------------------------------------------------------------------------------------
 # The four that won somewhere on an H200 (bf16, 4 x 16 heads, d = 128, twelve candidates timed in
 # alternating rounds): 128 x 128 / 128 x 64 tiles with 8 warps at long N; 64 x 64 with 4 warps at
 # N <= 4096 with the causal mask (more, shorter programs) and at short N.
@@ -401,108 +398,3 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     if not scale > 0:
         raise ValueError(f"attention: scale must be positive; got {scale}.")
     return Attention.apply(_last_dim_unit(q), _last_dim_unit(k), _last_dim_unit(v), bool(causal), scale)
-
-
-# ---------------------------------------------------------------------------------------------
-# Benchmark cases (for `labkit bench attention`): labkit vs SDPA's backends, naive eager, naive compiled.
-# ---------------------------------------------------------------------------------------------
-SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
-                 "math": "MATH"}
-BASELINES = tuple(SDPA_BACKENDS) + ("naive", "compile")
-
-
-def sdpa_with(backend: str):
-    """scaled_dot_product_attention restricted to one backend (flash, efficient, cudnn or math)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    chosen = getattr(SDPBackend, SDPA_BACKENDS[backend])
-
-    def run(q, k, v, causal=False):
-        with sdpa_kernel(chosen):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return run
-
-
-def parse_size(size: str) -> tuple[int, int, int, int]:
-    """'4x16x4096x128' -> (B, H, N, d); 'N' alone means 1 x 1 x N x 64."""
-    dims = [int(x) for x in size.lower().split("x")]
-    if len(dims) == 1:
-        return 1, 1, dims[0], 64
-    if len(dims) != 4 or min(dims) <= 0:
-        raise ValueError(f"attention size {size!r}: write it as BxHxNxD (e.g. 4x16x4096x128)")
-    return tuple(dims)  # type: ignore[return-value]
-
-
-def bench_case(size: str, dtype: torch.dtype = torch.bfloat16, causal: bool = False, backward: bool = False,
-               use_compile: bool = True, device: torch.device | str | None = None) -> dict:
-    """One benchmark: {shape, fn (labkit), baselines {name: fn or None}, flops, bytes} for `size` = BxHxNxD.
-
-    Each baseline runs once here; one that cannot run on this machine (a backend missing, out of memory)
-    is None. Backward cases time the backward alone (the forward graph is kept: retain_graph).
-    """
-    from labkit.device import current
-
-    dev = torch.device(device) if device is not None else current().device
-    B, H, N, D = parse_size(size)
-    q, k, v = (torch.randn(B, H, N, D, device=dev, dtype=dtype) for _ in range(3))
-    fns = {"labkit": lambda q, k, v: attention(q, k, v, causal=causal)}
-    for name in SDPA_BACKENDS:
-        fns[name] = (lambda run: lambda q, k, v: run(q, k, v, causal))(sdpa_with(name))
-    fns["naive"] = lambda q, k, v: naive(q, k, v, causal)
-    if use_compile:
-        compat.reset_compiled()  # each case is a new shape: start clean rather than hit the recompile limit
-        compiled = torch.compile(naive, dynamic=False)
-        fns["compile"] = lambda q, k, v: compiled(q, k, v, causal)
-    else:
-        fns["compile"] = None
-    calls: dict[str, object] = {}
-    for name, fn in fns.items():
-        if fn is None:
-            calls[name] = None
-            continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                calls[name] = _grad_call(fn, q, k, v) if backward else (lambda fn=fn: fn(q, k, v))
-                if not backward:
-                    calls[name]()
-        except (RuntimeError, NotImplementedError, ValueError):  # a backend missing here, or out of memory
-            if name == "labkit":
-                raise
-            calls[name] = None
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
-    return {"shape": f"{B}x{H}x{N}x{D}{' causal' if causal else ''}", "fn": calls.pop("labkit"),
-            "baselines": calls, "flops": flops(B, H, N, D, causal, backward),
-            "bytes": min_bytes(B, H, N, D, dtype, backward)}
-
-
-def _grad_call(fn, q, k, v):
-    """A call of the backward alone (see _bench.grad_fn: the forward is built at its first call, on the
-    stream that times it), run once here so that a backend which cannot run fails now."""
-    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
-    do = torch.randn_like(q)
-    torch.autograd.grad(fn(qg, kg, vg), (qg, kg, vg), do)
-    return grad_fn(fn, (qg, kg, vg), do)
-
-
-# ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
-from labkit.kernels._bench import BenchCase, Timed, grad_fn  # noqa: E402
-
-
-def _bench(causal: bool, backward: bool):
-    def make(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
-        c = bench_case("x".join(map(str, dims)), dtype, causal=causal, backward=backward, use_compile=use_compile)
-        return Timed(c["shape"], c["fn"], c["baselines"], c["flops"])
-    return make
-
-
-def bench_cases() -> list[BenchCase]:
-    """Forward and backward, causal or not (sizes BxHxNxD), against each SDPA backend, naive attention and
-    torch.compile of it. `labkit bench attention` runs all four."""
-    common = dict(gpu_sizes=("4x16x1024x128", "4x16x4096x128", "1x16x16384x128"), cpu_sizes=("1x2x37x64",),
-                  baselines=("flash", "efficient", "cudnn", "math", "naive", "compile"), unit="TFLOP/s",
-                  gpu_dtypes=("bf16",), cpu_dtypes=("bf16",))  # the kernel takes fp16/bf16 only
-    return [BenchCase(f"attention{'_causal' if causal else ''}_{'bwd' if backward else 'fwd'}",
-                      _bench(causal, backward), **common)
-            for backward in (False, True) for causal in (False, True)]

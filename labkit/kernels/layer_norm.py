@@ -11,19 +11,20 @@ dweight and dbias (one row per program), then adds those partial rows up. The ba
 row tiles, and the forward's for rows wider than 8192, are pipelined by Triton (tl.range's
 num_stages): the next rows load while this one reduces. Backward rows wider than 8192 are split
 across programs (see layer_norm_bwd_split_kernel); on Hopper GPUs across the blocks of a thread-block
-cluster instead (labkit/cuda/layer_norm_bwd_cluster.cu, see _backward_cluster), whose blocks exchange
+cluster instead (labkit/kernels/cluster/layer_norm_bwd_cluster.cu, see _backward_cluster), whose blocks exchange
 their row sums through distributed shared memory, which Triton cannot reach.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.cuda import rtc
+from labkit.kernels.cluster import rtc
 from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, arrive, cdiv, check_same_device, check_same_dtype,
                                     check_tensor, next_pow2, num_sms, pipeline_stages, row_tile, rows_2d,
                                     split_exchange, split_ticket, sum_partials, wait_for)
@@ -190,25 +191,47 @@ def layer_norm_bwd_split_kernel(part_ptr, count_ptr, M, SPLITS, GROUPS, dy_ptr, 
         tl.store(db_partial_ptr + g * N + cols, db_acc, mask=col_mask)
 
 
+class WideRows(NamedTuple):
+    """Forward rows of `from_cols` columns or more go one at a time, on `warps` warps, one program per SM, its loop
+    pipelined `stages` deep (bf16 4096x16384: 0.84x the time of two-row tiles)."""
+    from_cols: int
+    warps: int
+    stages: int
+
+
+class SplitRows(NamedTuple):
+    """Backward rows of `from_cols` columns or more are split (layer_norm_bwd_split_kernel) into chunks of `chunk`
+    columns on `warps` warps, `per_sm` programs per SM. At 16384 columns the whole-row kernel's two row-wide
+    accumulators fill its registers: even pipelined it took 1.1x (bf16) the split's time."""
+    from_cols: int
+    chunk: int
+    warps: int
+    per_sm: int
+
+
+class ClusterPlan(NamedTuple):
+    """The Hopper cluster backward (labkit/kernels/cluster/layer_norm_bwd_cluster.cu): threads, 16-byte vectors per
+    thread, rows in flight in shared memory, blocks per SM."""
+    threads: int
+    vecs: int
+    stages: int
+    per_sm: int
+
+
 # Tile choices (swept on an H200). Forward: (min elements per tile, values per thread) by dtype, and the row
-# width from which a tile holds two rows. Rows of FWD_WIDE[0] columns or more go one at a time, on FWD_WIDE[1]
-# warps, one program per SM, its loop pipelined FWD_WIDE[2] deep (bf16 4096x16384: 0.84x the time of two-row tiles).
+# width from which a tile holds two rows.
 FWD_TILE = {torch.float32: (1024, 16), torch.float16: (4096, 32), torch.bfloat16: (4096, 32)}
 FWD_TWO_ROWS_FROM = {torch.float32: 1 << 30, torch.float16: 4096, torch.bfloat16: 4096}
-FWD_WIDE = (8193, 16, 3)
+FWD_WIDE = WideRows(from_cols=8193, warps=16, stages=3)
 # Backward: tiles of at least BWD_TILE[dtype] elements, BWD_VALUES_PER_THREAD values per thread, one program per
 # SM, its loop pipelined BWD_STAGES deep (8192x8192 bf16: 0.6x the time of the unpipelined kernel it replaced).
 BWD_TILE = {torch.float32: 4096, torch.float16: 8192, torch.bfloat16: 8192}
 BWD_VALUES_PER_THREAD = 32
 BWD_STAGES = 3
-# Backward rows of BWD_SPLIT[0] columns or more are split (layer_norm_bwd_split_kernel), into chunks of
-# BWD_SPLIT[1] columns on BWD_SPLIT[2] warps, BWD_SPLIT[3] programs per SM. At 16384 columns the whole-row
-# kernel's two row-wide accumulators fill its registers: even pipelined it took 1.1x (bf16) the split's time.
-BWD_SPLIT = (8193, 4096, 4, 2)
-# Those rows on Hopper (labkit/cuda/layer_norm_bwd_cluster.cu): (threads, 16-byte vectors per thread, rows in
-# flight in shared memory, blocks per SM) by dtype; swept on an H200 from 1024x65536 to 16384x16384 (fp16 takes
-# bf16's, not timed).
-BWD_CLUSTER = {torch.float32: (256, 4, 4, 1), torch.float16: (512, 2, 4, 1), torch.bfloat16: (512, 2, 4, 1)}
+BWD_SPLIT = SplitRows(from_cols=8193, chunk=4096, warps=4, per_sm=2)
+# swept on an H200 from 1024x65536 to 16384x16384 (fp16 takes bf16's, not timed)
+BWD_CLUSTER = {torch.float32: ClusterPlan(256, 4, 4, 1), torch.float16: ClusterPlan(512, 2, 4, 1),
+               torch.bfloat16: ClusterPlan(512, 2, 4, 1)}
 
 
 def _fwd_plan(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, int]:

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.cuda import rtc
+from labkit.kernels.cluster import rtc
 from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, arrive, builds_graph, cdiv, check_tensor, next_pow2,
                                     num_sms, row_tile, rows_2d, split_exchange, split_ticket, wait_for)
 
@@ -28,7 +28,7 @@ ONLINE_BLOCK, ONLINE_WARPS, ONLINE_PROGRAMS_PER_SM = 8192, 16, 4
 # an H200 at 1024x65536 and 256x131072 (fp32 and bf16).
 SPLIT_CHUNK = 8192
 SPLIT_WARPS = 4
-# Split rows on Hopper (labkit/cuda/softmax_cluster.cu): each block of a cluster holds CLUSTER_THREADS x
+# Split rows on Hopper (labkit/kernels/cluster/softmax_cluster.cu): each block of a cluster holds CLUSTER_THREADS x
 # CLUSTER_VECS 16-byte vectors of its row in registers (64 KB); a row takes 2 to MAX_CLUSTER blocks. Where that
 # leaves at least one block per SM, blocks also stage CLUSTER_STAGED_VECS vectors a thread in shared memory (128
 # KB a block; a row takes 1 to MAX_CLUSTER). Else, when the plain blocks give fewer than CLUSTER_MIN_BLOCKS_PER_SM
@@ -141,7 +141,7 @@ def softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = No
     streaming kernel (for teaching and testing), False forces one pass.
     split: None splits rows across programs when they are too long for one (or too few to fill the
     GPU, see use_split); True forces it (testing), False never (then long rows stream). On a Hopper GPU
-    split rows go to the CUDA cluster kernel (labkit/cuda/softmax_cluster.cu) when they are 16-byte aligned.
+    split rows go to the CUDA cluster kernel (labkit/kernels/cluster/softmax_cluster.cu) when they are 16-byte aligned.
     Differentiable: when x requires grad, the backward is dx = y * (dy - sum(dy * y)) (in PyTorch, fp32).
     """
     if builds_graph(x):

@@ -2,4 +2,6 @@
 
 Each module is a script `torchrun` starts (one process per device) that writes its results as JSON;
 `launch.torchrun(...)` starts one from a notebook or a test.
+
+Used by: notebooks 08 and 10, exercise 10, the capstone (13).
 """

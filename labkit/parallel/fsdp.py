@@ -8,6 +8,8 @@ is stage 3: each block's parameters live as 1/N shards; before the block runs, a
 builds the whole block, afterwards it is freed; backward all-gathers again and reduce-scatters the
 gradients, so each rank keeps only its shard's gradient. This script trains the same MLP stack both
 ways with Adam, checks they give the same parameters, counts every rank's bytes and every collective's.
+
+Used by: notebook 10.
 """
 from __future__ import annotations
 
@@ -241,6 +243,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from labkit.ddp_train import exit_rank
+    from labkit.parallel.launch import exit_rank
 
     exit_rank(main())  # skips C++ static destructors that can abort a gloo worker at exit

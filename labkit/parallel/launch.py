@@ -3,6 +3,8 @@
 From a notebook or a test:  `result = launch.torchrun("labkit.parallel.pipeline", 2, ["--m", "4"])`.
 Inside the script:          `ctx = launch.start(args)` ... `launch.finish(ctx, result, args.out)`.
 `--standalone` lets torchrun's rendezvous pick a free port, so no port is fixed.
+
+Used by: notebooks 08 and 10, exercise 10, the capstone (13, labkit.capstone.ddp).
 """
 from __future__ import annotations
 
@@ -22,9 +24,7 @@ from pathlib import Path
 
 import torch
 
-from labkit.ddp_train import _sync as sync  # noqa: F401  (launch.sync: wait for this rank's device)
 from labkit import proctree
-from labkit.ddp_train import choose, init_group
 from labkit.paths import child_env
 
 # NVLink SHARP (NVLS) needs multicast memory, which shared/virtualised GPU hosts often do not grant;
@@ -82,6 +82,75 @@ def torchrun(module: str, nproc: int, args: list[str], backend: str = "auto", de
     return json.loads(out.read_text())
 
 
+def choose(backend: str, device: str, local_world: int, cuda_gpus: int) -> tuple[str, str]:
+    """The (backend, device type) to use, or a ValueError saying what to change."""
+    if device == "auto":
+        device = "cuda" if cuda_gpus >= local_world and backend != "gloo" else "cpu"
+    if device == "cuda" and cuda_gpus < local_world:
+        raise ValueError(f"--device cuda needs one GPU per process: {local_world} processes on this node "
+                         f"but {cuda_gpus} GPU(s). Use --nproc_per_node {cuda_gpus} or --device cpu.")
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    if backend == "nccl" and device != "cuda":
+        raise ValueError("the nccl backend moves GPU tensors only: use --backend gloo for CPU processes "
+                         "(or --device cuda on a machine with GPUs).")
+    return backend, device
+
+
+def default_threads(local_world: int, cores: int | None = None) -> int:
+    """Compute threads per CPU process: the cores shared out, less one per process for its communication threads
+    (gloo's all-reduce runs on threads of its own; with every core computing they wait for one), at least 1."""
+    return max(1, (cores or os.cpu_count() or 1) // local_world - 1)
+
+
+def init_group(backend: str, dev_type: str, local_rank: int, threads: int) -> torch.device:
+    """Join the process group on this rank's device: its own GPU, or the CPU with `threads` threads."""
+    import torch.distributed as dist
+
+    if dev_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group(backend, device_id=device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, threads))
+        dist.init_process_group(backend)
+    return device
+
+
+def sync(device: torch.device) -> None:
+    """Wait for this rank's device to finish its queued work (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def slowest(seconds: float, device: torch.device) -> float:
+    """The largest value over all ranks (the step is done when the slowest rank is)."""
+    import torch.distributed as dist
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def timed_on_slowest_rank(fn, calls: int, device: torch.device) -> float:
+    """Seconds that `calls` calls of fn take on the slowest rank, the ranks lined up first."""
+    sync(device)
+    slowest(0.0, device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync(device)
+    return slowest(time.perf_counter() - t0, device)
+
+
+def exit_rank(code: int) -> None:
+    """End a torchrun worker after its work, skipping C++ static destructors: a gloo or profiler thread still
+    joinable at interpreter exit aborts the process ("terminate called without an active exception")."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def add_common(ap: argparse.ArgumentParser) -> None:
     """The options every parallel script takes."""
     ap.add_argument("--out", type=Path, required=True, help="JSON file rank 0 writes the results to")
@@ -115,7 +184,7 @@ def start(args: argparse.Namespace, prog: str) -> Ctx:
         backend, dev_type = choose(args.backend, args.device, local_world, gpus)
     except ValueError as exc:   # e.g. fewer GPUs than processes
         sys.exit(f"{prog}: {exc}")
-    device = init_group(backend, dev_type, local_rank, args.threads)
+    device = init_group(backend, dev_type, local_rank, args.threads or default_threads(local_world))
     return Ctx(rank, world, device, backend)
 
 

@@ -9,6 +9,8 @@ columns, so its product is a partial sum of the output; one all-reduce adds the 
 Backward mirrors it: the input's gradient is a sum over ranks, one all-reduce. The same block is
 built by hand and with torch.distributed.tensor.parallel (ColwiseParallel, RowwiseParallel);
 both are checked against one process and their collectives counted.
+
+Used by: notebook 10.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from labkit.ddp_train import timed_on_slowest_rank
+from labkit.parallel.launch import timed_on_slowest_rank
 from labkit.stats import quantile
 from labkit.parallel import launch
 
@@ -277,6 +279,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from labkit.ddp_train import exit_rank
+    from labkit.parallel.launch import exit_rank
 
     exit_rank(main())  # skips C++ static destructors that can abort a gloo worker at exit

@@ -51,14 +51,14 @@ def bench_cases() -> dict[str, BenchCase]:
     """Every benchmark the kernel modules offer, by name (imports the kernels: call labkit.setup() first)."""
     from labkit.kernels import BENCHMARKED
 
-    return {case.name: case for module in BENCHMARKED for case in module.bench_cases()}
+    return {case.name: case for module in BENCHMARKED.values() for case in module.bench_cases()}
 
 
 def kernel_groups() -> dict[str, list[str]]:
     """Kernel module name -> its cases' names: `labkit bench attention` runs every case attention offers."""
     from labkit.kernels import BENCHMARKED
 
-    return {module.__name__.rsplit(".", 1)[-1]: [c.name for c in module.bench_cases()] for module in BENCHMARKED}
+    return {name: [c.name for c in module.bench_cases()] for name, module in BENCHMARKED.items()}
 
 
 def parse_shape(text: str) -> tuple[int, ...]:

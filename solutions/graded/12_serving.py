@@ -1,7 +1,7 @@
 """Graded cases for 12_serving: other seeds, rates, batch sizes and delays than the visible check."""
 import torch
 
-from labkit.batchsim import poisson_arrivals
+from labkit.serving.batchsim import poisson_arrivals
 from labkit.exercises.ex12_serving import burst, trace_case
 
 

@@ -1,0 +1,127 @@
+"""CUDA kernels compiled at run time with NVRTC, through PyTorch (no nvcc, no ninja, no build folder).
+
+For kernels a Triton program cannot express: softmax_cluster.cu and layer_norm_bwd_cluster.cu share rows
+between the blocks of a Hopper thread-block cluster (helpers in cluster.cuh). NVRTC ships with PyTorch's CUDA
+builds; where this PyTorch or GPU cannot compile or run a kernel, `compile_kernel` raises, `cluster_kernel`
+warns once and returns None, and callers take their Triton path instead.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import warnings
+from pathlib import Path
+
+import torch
+
+from labkit import compat
+
+SOURCE_DIR = Path(__file__).resolve().parent
+# CUfunction_attribute values: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (dynamic shared memory past
+# 48 KB) and CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED (clusters of more than 8 blocks).
+_MAX_DYNAMIC_SHARED, _NON_PORTABLE_CLUSTER = 8, 14
+MAX_CLUSTER = 16  # blocks a cluster may have on Hopper (more than 8 with the non-portable attribute)
+ELEM = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the element types of cluster.cuh (-D ELEM=...)
+
+
+@functools.lru_cache(maxsize=None)
+def _driver() -> ctypes.CDLL:
+    """The CUDA driver library, loaded once (torch's helper loads it anew on every call)."""
+    lib = compat.cuda_driver()
+    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_void_p]
+    return lib
+
+
+class Kernel:
+    """A kernel compiled by `compile_kernel` for one GPU: kernel(grid, block, *args) launches grid x block
+    threads (1-D), with `shared` bytes of dynamic shared memory a block, on that GPU's current stream; tensors
+    pass as their data pointers, ints as 32-bit ints."""
+
+    def __init__(self, func: ctypes.c_void_p, device_index: int, shared: int = 0):
+        self.func, self.device_index, self.shared = func, device_index, shared
+
+    def __call__(self, grid: int, block: int, *args: torch.Tensor | int) -> None:
+        if torch.cuda.current_device() != self.device_index:
+            with torch.cuda.device(self.device_index):
+                return self(grid, block, *args)
+        values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
+        pointers = (ctypes.c_void_p * len(values))(*map(ctypes.addressof, values))
+        error = _driver().cuLaunchKernel(self.func, grid, 1, 1, block, 1, 1, self.shared,
+                                         compat.current_raw_stream(self.device_index), pointers, None)
+        if error:
+            compat.check_cuda(error)
+
+
+@functools.lru_cache(maxsize=None)
+def compile_kernel(file: str, name: str, device_index: int, shared: int = 0, **defines: int) -> Kernel:
+    """The kernel `name` of labkit/kernels/cluster/`file` (which may include cluster.cuh) compiled with
+    `-D key=value` for each of `defines`, loaded on GPU `device_index`, launched with `shared` bytes of dynamic
+    shared memory."""
+    compile_ = compat.nvrtc_compile()
+    if compile_ is None:
+        raise RuntimeError(f"PyTorch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC): "
+                           "PyTorch 2.8 or later has it")
+    with torch.cuda.device(device_index):
+        kernel = compile_((SOURCE_DIR / file).read_text(), name, cuda_include_dirs=[str(SOURCE_DIR)],
+                          nvcc_options=[f"-D{k}={v}" for k, v in defines.items()])
+        if defines.get("CLUSTER", 0) > 8:
+            compat.check_cuda(_driver().cuFuncSetAttribute(kernel.func, _NON_PORTABLE_CLUSTER, 1))
+        if shared:
+            compat.check_cuda(_driver().cuFuncSetAttribute(kernel.func, _MAX_DYNAMIC_SHARED, shared))
+    return Kernel(kernel.func, device_index, shared)
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+def max_active_clusters(kernel: Kernel, cluster: int, threads: int) -> int:
+    """How many clusters of `kernel` (its cluster size set at compile time) the GPU holds at once."""
+    config = _LaunchConfig((ctypes.c_uint * 3)(cluster, 1, 1), (ctypes.c_uint * 3)(threads, 1, 1), kernel.shared, None,
+                           None, 0)
+    count = ctypes.c_int()
+    compat.check_cuda(_driver().cuOccupancyMaxActiveClusters(ctypes.byref(count), kernel.func, ctypes.byref(config)))
+    return count.value
+
+
+@functools.lru_cache(maxsize=None)
+def has_clusters(device_index: int) -> bool:
+    """Whether GPU `device_index` runs thread-block clusters (Hopper, sm_90, or newer)."""
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def cluster_device(*rows: torch.Tensor) -> int | None:
+    """The index of the GPU holding `rows` (2-D tensors) where a cluster kernel can take them: a GPU with
+    clusters, every row in whole 16-byte vectors (width, stride and start) and its stride in 32-bit vector
+    counts; else None."""
+    if rows[0].device.type != "cuda":
+        return None
+    for t in rows:
+        size = t.element_size()
+        if (t.stride(-1) != 1 or (t.shape[-1] * size) % 16 or (t.stride(0) * size) % 16 or t.data_ptr() % 16
+                or t.stride(0) * size >= 2**35):
+            return None
+    index = rows[0].device.index if rows[0].device.index is not None else torch.cuda.current_device()
+    return index if has_clusters(index) else None
+
+
+@functools.lru_cache(maxsize=None)
+def cluster_kernel(op: str, file: str, name: str, device_index: int, shared: int = 0,
+                   **defines: int) -> tuple[Kernel, int] | None:
+    """(kernel, clusters the GPU holds at once) for a kernel whose defines include CLUSTER and THREADS, with
+    `shared` bytes of dynamic shared memory a block; None, with a warning (once) naming `op`, where it cannot be
+    compiled or launched here."""
+    try:
+        kernel = compile_kernel(file, name, device_index, shared, **defines)
+        with torch.cuda.device(device_index):
+            resident = max_active_clusters(kernel, defines["CLUSTER"], defines["THREADS"])
+        if resident < 1:
+            raise RuntimeError(f"a cluster of {defines['CLUSTER']} blocks of {defines['THREADS']} threads does not "
+                               "fit on this GPU")
+    except Exception as exc:  # no NVRTC library, a driver without clusters...
+        warnings.warn(f"{op}: long rows take the Triton kernel (slower) because the cluster kernel cannot run "
+                      f"here: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=4)
+        return None
+    return kernel, resident
