@@ -253,6 +253,13 @@ def tflops(flops: float, ms: float) -> float:
     return flops / ms / 1e9
 
 
+def sync(device: torch.device | str) -> None:
+    """Wait for `device` to finish its queued work (nothing to wait for on the CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @contextlib.contextmanager
 def threads(n: int | None) -> Iterator[None]:
     """torch's CPU threads set to `n` inside the block (left as they are for None), restored after."""

@@ -310,3 +310,16 @@ def test_results_from_the_child_are_loaded_as_data_only(tmp_path):
     torch.save({"cases": [Evil()]}, tmp_path / "r.pt")
     results, problem = judge.load_results(tmp_path / "r.pt")
     assert results is None and "could not be read" in problem
+
+
+def test_grade_is_scriptable_and_refuses_a_bad_config_with_what_to_do(tmp_path):
+    """labkit.grading.cli.grade(GradeConfig(...)) is the CLI without argparse: the same checks, as GradeError."""
+    from labkit.grading.cli import GradeConfig, GradeError, grade
+
+    (tmp_path / "subs").mkdir()
+    with pytest.raises(GradeError, match="put them side by side"):
+        grade(GradeConfig(tmp_path / "subs", tmp_path / "subs" / "out"))
+    with pytest.raises(GradeError, match="no submissions"):
+        grade(GradeConfig(tmp_path / "subs", tmp_path / "out"))
+    with pytest.raises(GradeError, match="choose 'auto' or 'cpu'"):
+        grade(GradeConfig(tmp_path / "subs", tmp_path / "out", device="gpu"))

@@ -25,7 +25,8 @@ from labkit.capstone.data import make_corpus
 from labkit.capstone.model import GPTConfig
 from labkit.capstone.train import RunConfig, Trainer, final_loss
 from labkit.capstone.variants import variant
-from labkit.parallel.launch import choose, init_group, slowest, sync, timed_on_slowest_rank
+from labkit.parallel.launch import choose, init_group, slowest, timed_on_slowest_rank
+from labkit.timing import sync
 from labkit.parallel.launch import torchrun
 
 

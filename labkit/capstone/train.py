@@ -19,7 +19,7 @@ from labkit.capstone.model import GPT, GPTConfig
 from labkit.capstone.variants import Variant
 from labkit.precision import tf32 as tf32_mode
 from labkit.stats import Samples
-from labkit.timing import Timing, bench
+from labkit.timing import Timing, bench, sync
 
 
 @dataclass(frozen=True)
@@ -206,22 +206,17 @@ class Result:
         return self.step_ms.map(lambda ms: tokens * 1e3 / ms) if self.step_ms is not None else None
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def host_issue_ms(step, device: torch.device, n: int) -> Samples:
     """The host's time to issue one step: step() timed from an idle device (synchronized) until it returns.
     On a GPU without a sync in the step this is the host's side alone (Python, dispatch, launches) while the
     device runs behind it; with a sync (.item()) or on the CPU it is the whole step."""
     out = []
     for _ in range(n):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         step()
         out.append((time.perf_counter() - t0) * 1e3)
-    _sync(device)
+    sync(device)
     return Samples.of(out)
 
 
@@ -235,11 +230,11 @@ def paired_step_ms(first, second, device: torch.device | str, rounds: int = 10, 
     for i in range(rounds):
         for j in ((0, 1) if i % 2 == 0 else (1, 0)):
             step = (first, second)[j]
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             for _ in range(steps):
                 step()
-            _sync(device)
+            sync(device)
             out[j].append((time.perf_counter() - t0) * 1e3 / steps)
     return Samples.of(out[0]), Samples.of(out[1])
 
@@ -257,10 +252,10 @@ def run_variant(variant: Variant, run: RunConfig, device: torch.device | str, co
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     trainer = trainer_cls(variant, run, corpus, device)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     trainer.step()  # the first step pays for compilation and autotuning
-    _sync(device)
+    sync(device)
     warmup_s = time.perf_counter() - t0
     for _ in range(run.steps - 1):
         trainer.step()
@@ -369,10 +364,10 @@ def measure(make_trainer, run: RunConfig, device: torch.device | str, held_out: 
     corpus = make_corpus(run.windows, run.model.seq, run.seed)
     held_out = held_out or make_corpus(max(run.batch, run.windows // 4), run.model.seq, run.seed + 1)
     trainer = make_trainer(run, corpus, device)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     trainer.step()
-    _sync(device)
+    sync(device)
     warmup_s = time.perf_counter() - t0
     for _ in range(run.steps - 1):
         trainer.step()

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from labkit import cuda
@@ -33,6 +34,29 @@ from labkit.grading.submissions import find_submissions, match_notebooks
 from labkit.grading.supervise import Limits
 from labkit.paths import COURSE_ROOT
 from labkit.tools.shard import parse_shard
+
+
+class GradeError(ValueError):
+    """A configuration `labkit grade` refuses; the message says what to do."""
+
+
+@dataclass
+class GradeConfig:
+    """What `labkit grade` takes on its command line, for scripts: `grade(GradeConfig(subs, out, workers=2))`."""
+
+    submissions: Path
+    out: Path
+    workers: int | None = None
+    timeout: float = 300
+    exercise_timeout: float | None = None
+    memory_mb: int = 8192
+    graded: Path = COURSE_ROOT / "solutions" / "graded"
+    seed: int | None = None
+    only: list[str] | None = None
+    device: str = "auto"
+    shard: tuple[int, int] | None = None
+    leaderboard: Path | None = None
+    unsafe_no_sandbox: bool = False
 
 
 def roster_hash(students: list[str]) -> str:
@@ -77,57 +101,73 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unsafe-no-sandbox", action="store_true",
                     help="run students' code without bubblewrap (only for submissions you trust)")
     args = ap.parse_args(argv)
-    if args.workers is not None and args.workers < 1 or args.timeout <= 0 or args.memory_mb < 256:
-        ap.error("--workers must be >= 1, --timeout > 0, --memory-mb >= 256")
-    try:  # every path absolute, links resolved, before anything runs
-        subs_dir = safeio.real_dir(args.submissions, "the submissions folder")
-        out_dir = safeio.real_dir(args.out, "--out")
-        graded = safeio.real_dir(args.graded, "--graded")
-    except OSError as exc:
+    try:
+        grade(GradeConfig(**vars(args)))
+    except GradeError as exc:
         ap.error(str(exc))
+    except sandbox.SandboxError as exc:
+        print(f"labkit grade: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def grade(config: GradeConfig) -> list[StudentReport]:
+    """Grade every submission as `labkit grade` does and write grades.csv and the feedback; return the reports.
+    GradeError for a configuration it refuses (saying what to do), sandbox.SandboxError where the sandbox
+    cannot start."""
+    if config.device not in ("auto", "cpu"):
+        raise GradeError(f"device {config.device!r}: choose 'auto' or 'cpu'")
+    if config.workers is not None and config.workers < 1 or config.timeout <= 0 or config.memory_mb < 256:
+        raise GradeError("--workers must be >= 1, --timeout > 0, --memory-mb >= 256")
+    try:  # every path absolute, links resolved, before anything runs
+        subs_dir = safeio.real_dir(config.submissions, "the submissions folder")
+        out_dir = safeio.real_dir(config.out, "--out")
+        graded = safeio.real_dir(config.graded, "--graded")
+    except OSError as exc:
+        raise GradeError(str(exc)) from None
     if not subs_dir.is_dir():
-        ap.error(f"{args.submissions} is not a folder of submissions")
+        raise GradeError(f"{config.submissions} is not a folder of submissions")
     for a, b, what in ((out_dir, subs_dir, "--out is inside the submissions folder"),
                        (subs_dir, out_dir, "the submissions folder is inside --out")):
         if a == b or a.is_relative_to(b):
-            ap.error(f"{what}: put them side by side (e.g. submissions/ and grades/)")
+            raise GradeError(f"{what}: put them side by side (e.g. submissions/ and grades/)")
     board_file = None
-    if args.leaderboard is not None:
+    if config.leaderboard is not None:
         try:
-            board_file = safeio.real_dir(args.leaderboard.parent, "--leaderboard's folder") / args.leaderboard.name
+            board_file = safeio.real_dir(config.leaderboard.parent, "--leaderboard's folder") / config.leaderboard.name
         except OSError as exc:
-            ap.error(str(exc))
+            raise GradeError(str(exc)) from None
         if board_file.parent.is_relative_to(subs_dir) or board_file.parent.is_relative_to(graded):
-            ap.error("--leaderboard is inside the submissions or graded folder: a student's file is never overwritten; "
-                     "write it next to --out")
+            raise GradeError("--leaderboard is inside the submissions or graded folder: a student's file is never "
+                             "overwritten; write it next to --out")
         if board_file.name in ("", ".", "..") or board_file.parent == out_dir and board_file.name in (
                 "grades.csv", "feedback", "shard.json"):
-            ap.error(f"--leaderboard {args.leaderboard}: name a file of its own (e.g. leaderboard.csv)")
+            raise GradeError(f"--leaderboard {config.leaderboard}: name a file of its own (e.g. leaderboard.csv)")
 
     import torch
 
     specs = load_specs(graded)
-    if args.only:
-        unknown = [n for n in args.only if n not in specs]
+    if config.only:
+        unknown = [n for n in config.only if n not in specs]
         if unknown:
-            ap.error(f"no graded tests for {unknown}; known: {sorted(specs)}")
-        specs = {n: specs[n] for n in args.only}
+            raise GradeError(f"no graded tests for {unknown}; known: {sorted(specs)}")
+        specs = {n: specs[n] for n in config.only}
     everyone = find_submissions(subs_dir)
     if not everyone:
-        ap.error(f"no submissions (folders or .ipynb files) in {subs_dir}")
+        raise GradeError(f"no submissions (folders or .ipynb files) in {subs_dir}")
     roster = [s.student for s in everyone]
-    k, n = args.shard or (1, 1)
+    k, n = config.shard or (1, 1)
     subs = [s for i, s in enumerate(everyone) if i % n == k - 1]  # round robin over the sorted roster
     released = {nb: p for nb in specs if (p := COURSE_ROOT / "exercises" / f"{nb}.ipynb").is_file()}
-    if not args.only:  # grade the notebooks somebody submitted (all of them when sharded: shards must agree)
-        used = specs if args.shard else {
+    if not config.only:  # grade the notebooks somebody submitted (all of them when sharded: shards must agree)
+        used = specs if config.shard else {
             nb for s in everyone for nb in match_notebooks(s.notebooks, list(specs), released)[0]}
         specs = {nb: v for nb, v in specs.items() if nb in used} or specs
-    gpu = args.device == "auto" and torch.cuda.is_available()
+    gpu = config.device == "auto" and torch.cuda.is_available()
     ids = gpu_ids() if gpu else []
-    workers = args.workers or max(1, len(ids))
+    workers = config.workers or max(1, len(ids))
 
-    seed = args.seed if args.seed is not None else default_seed(graded)
+    seed = config.seed if config.seed is not None else default_seed(graded)
     for nb in specs.values():
         for s in nb:
             s.cases = make_cases(s, seed, gpu)
@@ -144,18 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     protected = [graded, COURSE_ROOT / "solutions", COURSE_ROOT / "tests", COURSE_ROOT / ".git", out_dir, subs_dir,
                  workroot]
     try:
-        box = sandbox.make(protected, gpu, args.memory_mb, args.unsafe_no_sandbox)
-    except sandbox.SandboxError as exc:
+        box = sandbox.make(protected, gpu, config.memory_mb, config.unsafe_no_sandbox)
+    except sandbox.SandboxError:
         shutil.rmtree(workroot, ignore_errors=True)
-        print(f"labkit grade: {exc}", file=sys.stderr)
-        return 2
+        raise
     cpus = os.cpu_count() or 1
-    limits = Limits(args.memory_mb, max(1, cpus // workers))
-    ctx = Context(specs, args.timeout, args.exercise_timeout or max(5.0, args.timeout / 4), limits, gpu,
+    limits = Limits(config.memory_mb, max(1, cpus // workers))
+    ctx = Context(specs, config.timeout, config.exercise_timeout or max(5.0, config.timeout / 4), limits, gpu,
                   gpu and cuda.missing() is None, [str(p) for p in protected], workroot, box, released, slots)
     columns = [s for nb in specs.values() for s in nb]
     device = "a GPU" if gpu else "the CPU (no GPU)"
-    share = f" (shard {k}/{n} of {len(everyone)})" if args.shard else ""
+    share = f" (shard {k}/{n} of {len(everyone)})" if config.shard else ""
     print(f"labkit grade: {len(subs)} submission(s){share}, {len(columns)} function(s) from {len(specs)} notebook(s), "
           f"on {device}, {workers} worker(s), in {box.name}")
     if isinstance(box, sandbox.NoSandbox):
@@ -180,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         return r
 
     manifest = None
-    if args.shard:
+    if config.shard:
         manifest = {"shard": k, "of": n, "roster": roster_hash(roster), "roster_size": len(roster),
                     "students": [s.student for s in subs], "seed": seed, "columns": [s.name for s in columns],
                     "device": device}
@@ -198,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
               + (f" and {board_file}" if board_file is not None and board_file != out_dir / "leaderboard.csv" else ""))
     elif board_file is not None:
         print("labkit grade: no scored exercise (e.g. 13_capstone) was graded: no leaderboard written")
-    return 0
+    return reports
 
 
 if __name__ == "__main__":

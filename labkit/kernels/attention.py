@@ -29,18 +29,14 @@ LOG2E = 1.4426950408889634  # the kernels use exp2: exp(x) = exp2(x · log2 e), 
 UPCAST = tl.constexpr(INTERPRETED)
 
 
-def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def min_bytes(B: int, H: int, N: int, d: int, dtype: torch.dtype = torch.bfloat16, backward: bool = False,
               n_k: int | None = None) -> int:
     """Bytes the fused forward (or backward) must move at least: q, k, v, o (and do, dq, dk, dv) once, plus the lse."""
     n_k = N if n_k is None else n_k
     qo, kv = B * H * N * d, B * H * n_k * d
     if backward:  # read q, k, v, o, do, lse (and delta); write dq, dk, dv
-        return (4 * qo + 4 * kv) * _size(dtype) + 8 * B * H * N
-    return (2 * qo + 2 * kv) * _size(dtype) + 4 * B * H * N
+        return (4 * qo + 4 * kv) * dtype.itemsize + 8 * B * H * N
+    return (2 * qo + 2 * kv) * dtype.itemsize + 4 * B * H * N
 
 
 def naive_bytes(B: int, H: int, N: int, d: int, dtype: torch.dtype = torch.bfloat16) -> int:
@@ -48,7 +44,7 @@ def naive_bytes(B: int, H: int, N: int, d: int, dtype: torch.dtype = torch.bfloa
     the B·H·N² scores: q @ k.T writes S; * scale reads and writes it; .float() reads it and writes fp32; softmax
     reads and writes fp32; .to(dtype) reads fp32 and writes P; P @ v reads P: 6·s + 16 bytes a score for s-byte
     inputs (28 in bf16); fp32 inputs skip both casts (4·s + 8 = 24)."""
-    s = _size(dtype)
+    s = dtype.itemsize
     per_score = 4 * s + 8 if dtype == torch.float32 else 6 * s + 16
     return min_bytes(B, H, N, d, dtype) - 4 * B * H * N + per_score * B * H * N * N
 

@@ -20,14 +20,10 @@ from labkit.kernels._common import (INTERPRETED, cdiv, check_same_device, check_
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-def _size(dtype: torch.dtype) -> int:
-    return dtype.itemsize
-
-
 def min_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, backward: bool = False) -> int:
     """Bytes the forward (or the backward) must move at least, for x of `shape`."""
     n, cols = math.prod(shape), shape[-1]
-    return ((3 * n + 2 * cols) if backward else (2 * n + cols)) * _size(dtype)
+    return ((3 * n + 2 * cols) if backward else (2 * n + cols)) * dtype.itemsize
 
 
 def flops(shape: tuple[int, ...], backward: bool = False) -> int:

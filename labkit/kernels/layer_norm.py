@@ -32,17 +32,13 @@ from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, arrive, cdiv, che
 MAX_COLS = 16384  # a whole row is held in registers
 
 
-def _size(dtype: torch.dtype) -> int:
-    return dtype.itemsize
-
-
 def min_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, backward: bool = False) -> int:
     """Bytes the forward (or the backward) must move at least, for x of `shape`."""
     n, cols = math.prod(shape), shape[-1]
     rows = n // cols if cols else 0
     if backward:
-        return (3 * n + 3 * cols) * _size(dtype) + 8 * rows
-    return (2 * n + 2 * cols) * _size(dtype) + 8 * rows
+        return (3 * n + 3 * cols) * dtype.itemsize + 8 * rows
+    return (2 * n + 2 * cols) * dtype.itemsize + 8 * rows
 
 
 def flops(shape: tuple[int, ...], backward: bool = False) -> int:

@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from labkit import compat
-from labkit.parallel.launch import sync, timed_on_slowest_rank
+from labkit.parallel.launch import timed_on_slowest_rank
 from labkit.stats import quantile
+from labkit.timing import sync
 from labkit.parallel.mlp import checksum, make_model
 
 

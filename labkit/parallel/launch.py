@@ -26,6 +26,7 @@ import torch
 
 from labkit import proctree
 from labkit.paths import child_env
+from labkit.timing import sync
 
 # NVLink SHARP (NVLS) needs multicast memory, which shared/virtualised GPU hosts often do not grant;
 # NCCL then fails at start-up. Without it NCCL uses ring/tree, the algorithms the course models.
@@ -116,12 +117,6 @@ def init_group(backend: str, dev_type: str, local_rank: int, threads: int) -> to
         torch.set_num_threads(max(1, threads))
         dist.init_process_group(backend)
     return device
-
-
-def sync(device: torch.device) -> None:
-    """Wait for this rank's device to finish its queued work (nothing to wait for on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def slowest(seconds: float, device: torch.device) -> float:
