@@ -164,18 +164,23 @@ def test_the_bootstrap_is_seeded_by_the_claim_name():
     assert stats.decide(lambda f: f["s"] > 1.1, {"s": s.median}, {"s": s}, seed="x") == first
 
 
-def test_host_load_is_the_machine_s_busy_time_less_this_process_tree(monkeypatch):
-    readings = iter([(1000, 50), (1000 + 300, 50 + 100)])  # (machine busy ticks, own ticks)
-    clock = iter([10.0, 12.0])
+def scripted_proc(monkeypatch, readings: list[tuple[int, int]], clock: list[float]):
+    """/proc read as scripted: each reading is (machine busy ticks, own ticks) at the next clock time, on 2 CPUs at
+    100 ticks/s. Returns a function that moves on to the next reading."""
+    readings, times = iter(readings), iter(clock)
+    now = [next(readings)]
     monkeypatch.setattr(stats, "_clock_ticks", lambda: 100)
     monkeypatch.setattr(stats.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(stats.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(stats.time, "monotonic", lambda: next(times))
+    monkeypatch.setattr(stats, "_machine_busy_ticks", lambda: now[0][0])
+    monkeypatch.setattr(stats, "_own_ticks", lambda: now[0][1])
+    return lambda: now.__setitem__(0, next(readings))
 
-    monkeypatch.setattr(stats, "_machine_busy_ticks", lambda: pending[0])
-    monkeypatch.setattr(stats, "_own_ticks", lambda: pending[1])
-    pending = next(readings)
+
+def test_host_load_is_the_machine_s_busy_time_less_this_process_tree(monkeypatch):
+    advance = scripted_proc(monkeypatch, [(1000, 50), (1000 + 300, 50 + 100)], [10.0, 12.0])
     load = stats.HostLoad()
-    pending = next(readings)
+    advance()
     # 2 s on 2 CPUs at 100 ticks/s = 400 ticks; others used 300 - 100 = 200 of them
     assert load.others_share() == pytest.approx(0.5)
 
@@ -192,18 +197,11 @@ def test_own_ticks_count_a_child_this_process_waited_for():
 
 
 def test_a_claim_right_after_another_keeps_the_last_load_reading(monkeypatch):
-    readings = iter([(1000, 0), (1400, 0), (1401, 0)])
-    clock = iter([0.0, 2.0, 2.01])
-    monkeypatch.setattr(stats, "_clock_ticks", lambda: 100)
-    monkeypatch.setattr(stats.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(stats.time, "monotonic", lambda: next(clock))
-    monkeypatch.setattr(stats, "_machine_busy_ticks", lambda: pending[0])
-    monkeypatch.setattr(stats, "_own_ticks", lambda: pending[1])
-    pending = next(readings)
+    advance = scripted_proc(monkeypatch, [(1000, 0), (1400, 0), (1401, 0)], [0.0, 2.0, 2.01])
     load = stats.HostLoad()
-    pending = next(readings)
+    advance()
     assert load.others_share() == pytest.approx(1.0)
-    pending = next(readings)
+    advance()
     assert load.others_share() == pytest.approx(1.0)  # 10 ms later: too short to read, the last share stands
 
 

@@ -32,20 +32,13 @@ import torch.nn.functional as F
 
 from labkit.parallel import launch
 from labkit.parallel.launch import exit_rank
-from labkit.parallel.ddp_timing import (bucket_sweep, measure_allreduce, measure_throughput, trace_steps)
+from labkit.parallel.ddp_timing import bucket_sweep, measure_allreduce, measure_throughput, trace_steps
 from labkit.parallel.mlp import checksum, flat_params, global_batch, make_model
-
-USAGE = ("run me with torchrun, e.g. python -m torch.distributed.run --standalone --nproc_per_node 2 "
-         "-m labkit.parallel.ddp --out result.json")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="labkit.parallel.ddp", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True, help="JSON file rank 0 writes the results to")
-    ap.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
-                    help="auto: nccl on GPUs, gloo on CPUs")
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                    help="auto: one GPU per process when there are enough, else the CPU")
+    launch.add_common(ap, threads=0)
     ap.add_argument("--dim", type=int, default=32, help="MLP input and output width")
     ap.add_argument("--hidden", type=int, default=128, help="MLP hidden width")
     ap.add_argument("--layers", type=int, default=3, help="number of Linear layers (>= 2)")
@@ -66,9 +59,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="comma-separated bucket_cap_mb values to time a DDP step with ('' skips it)")
     ap.add_argument("--trace", type=Path, default=None,
                     help="rank 0 profiles a few DDP steps and writes a Chrome trace here")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="CPU threads per process (0: cores / processes - 1, leaving each a core for gloo's threads)")
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.layers < 2:
         ap.error("--layers must be at least 2")

@@ -146,14 +146,15 @@ def exit_rank(code: int) -> None:
     os._exit(code)
 
 
-def add_common(ap: argparse.ArgumentParser) -> None:
-    """The options every parallel script takes."""
+def add_common(ap: argparse.ArgumentParser, threads: int = 1) -> None:
+    """The options every parallel script takes (`threads`: the default of --threads; 0 shares the cores out)."""
     ap.add_argument("--out", type=Path, required=True, help="JSON file rank 0 writes the results to")
     ap.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
                     help="auto: nccl on GPUs, gloo on CPUs")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="auto: one GPU per process when there are enough, else the CPU")
-    ap.add_argument("--threads", type=int, default=1, help="CPU threads per process")
+    ap.add_argument("--threads", type=int, default=threads,
+                    help="CPU threads per process (0: cores / processes - 1, leaving each a core for gloo's threads)")
     ap.add_argument("--seed", type=int, default=0)
 
 
