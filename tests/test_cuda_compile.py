@@ -79,7 +79,7 @@ def test_every_launcher_is_declared_defined_and_bound():
     kernels = "".join(cuda.sources(f) for f in cuda.KERNEL_FILES)
     binding = cuda.sources(cuda.BINDING)
     launchers = set(re.findall(r"cudaError_t (launch_\w+)\(", header))
-    assert launchers == {"launch_vector_add", "launch_matmul_naive", "launch_matmul_tiled", "launch_block_sum"}
+    assert launchers >= {"launch_vector_add", "launch_matmul_naive", "launch_matmul_tiled", "launch_block_sum"}
     for name in launchers:
         assert f"cudaError_t {name}(" in kernels, f"{name} is declared but not defined"
         assert f"labkit::{name}(" in binding, f"{name} is not called from binding.cpp"

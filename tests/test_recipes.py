@@ -156,3 +156,31 @@ def test_add_a_labkit_verb(tmp_path):
                  '    "hello": ("labkit.tools.hello", "greet someone"),\n')
     assert run(course, "-m", "labkit.cli", "hello", "Ada").stdout.strip() == "hello, Ada"
     assert "greet someone" in run(course, "-m", "labkit.cli", "--help").stdout
+
+
+def test_add_a_cuda_c_kernel_to_notebook_06_s_extension(tmp_path):
+    """The nvcc path: the .cu file, its launcher in the header, KERNEL_FILES, the binding; then the compile tests
+    (every listed file compiles for sm_90 and sm_75; every launcher is defined and bound)."""
+    if shutil.which("nvcc") is None:
+        import pytest
+        pytest.skip("nvcc (the CUDA compiler) is not on PATH")
+    course = course_copy(tmp_path, "tests/test_cuda_compile.py", "tests/conftest.py")
+    cuda_dir = course / "labkit" / "cuda"
+    shutil.copy(TOYS / "toy_negate.cu", cuda_dir / "toy_negate.cu")
+    insert_after(cuda_dir / "labkit_cuda.cuh", "namespace labkit {\n",
+                 "\n// out[i] = -x[i] for i < n.  (toy_negate.cu)\n"
+                 "cudaError_t launch_negate(const float* x, float* out, int64_t n, cudaStream_t stream);\n")
+    insert_after(cuda_dir / "__init__.py", 'KERNEL_FILES = ("vector_add.cu", ', '"toy_negate.cu", ')
+    insert_after(cuda_dir / "binding.cpp", "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n",
+                 '    m.def("negate", &negate, "out = -x", pybind11::arg("x"));\n')
+    binding = cuda_dir / "binding.cpp"
+    binding.write_text(binding.read_text().replace(
+        "torch::Tensor vector_add(torch::Tensor x, torch::Tensor y) {",
+        "torch::Tensor negate(torch::Tensor x) {\n    check_tensor(x, \"x\");\n"
+        "    const c10::cuda::CUDAGuard guard(x.device());\n    auto out = torch::empty_like(x);\n"
+        "    check_launch(labkit::launch_negate(x.data_ptr<float>(), out.data_ptr<float>(), x.numel(),\n"
+        "                                       c10::cuda::getCurrentCUDAStream().stream()), \"negate\");\n"
+        "    return out;\n}\n\ntorch::Tensor vector_add(torch::Tensor x, torch::Tensor y) {", 1))
+    out = run(course, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda_compile.py",
+              "-k", "toy_negate or declared_defined_and_bound or each_launch_is_checked").stdout
+    assert "3 passed" in out, out
