@@ -39,7 +39,7 @@ def test_runner_in_bf16_stays_close():
 
 def test_fixed_time_stand_in_takes_its_time_whatever_the_batch(monkeypatch):
     from fake_clock import FakeClock
-    from labkit import servemodel
+    from labkit.serving import model as servemodel
 
     clock = FakeClock()
     monkeypatch.setattr(servemodel, "time", clock)  # the sleeps it asks for, exactly (a real sleep only runs long)

@@ -122,7 +122,7 @@ def test_a_client_that_gives_up_is_dropped_not_computed(model):
 
 def test_config_retunes_the_batcher_and_refuses_nonsense(model, monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(server, "time", clock)  # wait_idle's clock and sleeps: what it waits is exact
+    monkeypatch.setattr(client, "time", clock)  # wait_idle's clock and sleeps: what it waits is exact
     with serving(app_for(model)) as url:
         assert client.configure(url, 2, 0.0) == {"max_batch": 2, "max_delay_ms": 0.0}
         m = client.metrics(url)
@@ -136,13 +136,13 @@ def test_config_retunes_the_batcher_and_refuses_nonsense(model, monkeypatch):
 
 def test_wait_idle_waits_for_a_quiet_queue_and_gives_up_after_its_timeout(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(server, "time", clock)
+    monkeypatch.setattr(client, "time", clock)
     depths = iter([3, 2, 0, 1, 0, 0, 0, 0, 0])  # one poll every 20 ms: quiet from 80 ms on
-    monkeypatch.setattr(server, "metrics", lambda url: {"queue_depth": next(depths)})
+    monkeypatch.setattr(client, "metrics", lambda url: {"queue_depth": next(depths)})
     # settle_s=0.05: the queue must stay empty from 80 ms to at least 130 ms; the poll at 140 ms sees that
     assert client.wait_idle("http://127.0.0.1:1", settle_s=0.05) == pytest.approx(0.14)
     assert len(clock.slept) == 7 and next(depths) == 0  # 8 polls, no more
-    monkeypatch.setattr(server, "metrics", lambda url: {"queue_depth": 1})  # never idle: stops at timeout_s
+    monkeypatch.setattr(client, "metrics", lambda url: {"queue_depth": 1})  # never idle: stops at timeout_s
     assert client.wait_idle("http://127.0.0.1:1", timeout_s=0.11, settle_s=0.05) == pytest.approx(0.12)
 
 

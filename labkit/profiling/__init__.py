@@ -108,6 +108,3 @@ def main(argv: list[str] | None = None) -> int:
         return check(args.out)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
