@@ -67,6 +67,7 @@ def _inverted_run(tmp_path_factory) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "LABKIT_CLAIMS_STRICT"}
     env.update(LABKIT_CLAIMS_INVERT="1", LABKIT_QUICK="1", MPLBACKEND="Agg")
     done = subprocess.run([sys.executable, "-m", "labkit.cli", "run", "-o", str(out), "--allow-failed-claims",
+                           "--timeout", "600",  # per cell, as nbval's quick runs: a hung cell fails, named
                            *map(str, NOTEBOOKS)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert (out / "summary.json").exists(), done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())

@@ -298,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                     help="a parameter for every notebook, e.g. -p quick true -p device cuda")
     ap.add_argument("-o", "--output", type=Path, default=Path("build"), help="build folder (default: build/)")
-    ap.add_argument("--timeout", type=float, default=None, help="seconds allowed per cell")
+    ap.add_argument("--timeout", type=float, default=3600,
+                    help="seconds allowed per cell (default 3600, as course.py test's full-size runs): a cell that "
+                         "hangs fails its notebook, named, and the batch goes on")
     ap.add_argument("--full-on-cpu", action="store_true",
                     help="run full problem sizes without a GPU anyway (many minutes per notebook)")
     ap.add_argument("--reference", action="store_true",
