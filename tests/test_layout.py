@@ -1,5 +1,6 @@
 """labkit's layout: no import cycles, layers that point one way, lab helpers that say which notebooks use them."""
 import ast
+import functools
 import json
 import re
 from pathlib import Path
@@ -104,6 +105,7 @@ def _used_by(module: str) -> set[str]:
     return set(re.findall(r"\b(\d\d)\b", line.split("exercise")[0])) if line else set()
 
 
+@functools.lru_cache(maxsize=None)
 def _notebook_importers() -> dict[str, set[str]]:
     """Each labkit module -> the numbers of the notebooks whose code imports it (or starts it with -m)."""
     users: dict[str, set[str]] = {}
