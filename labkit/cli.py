@@ -14,6 +14,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("labkit.tools.bench", "time labkit's Triton kernels against PyTorch eager and torch.compile"),
     "baseline": ("labkit.tools.baseline", "compare a bench run with this device's committed baseline, or save one"),
     "shard": ("labkit.tools.shard", "split notebooks across GPUs/runners by recorded duration, or record durations"),
+    "reference": ("labkit.tools.reference", "list each reference run's claims not yet verified on its machine "
+                  "(pending.json)"),
     "ran": ("labkit.tools.ran", "check a GPU batch run really ran: no GPU section skipped, not too fast, plots kept"),
 }
 

@@ -10,10 +10,13 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from labkit import claimnames
 from labkit.figures import fmt_value
-from labkit.paths import COURSE_ROOT
+from labkit.paths import COURSE_ROOT, NOTEBOOKS_DIR
 
 ROOT = COURSE_ROOT / "reference"
+PENDING = "pending.json"  # per run: the notebooks' claims it has not verified (`labkit reference pending`)
+NOT_VERIFIED = "not yet verified here"
 
 
 def runs(root: Path = ROOT) -> list[Path]:
@@ -49,6 +52,38 @@ def notebook_entry(summary: dict[str, Any], notebook: str) -> dict[str, Any] | N
         if Path(entry["notebook"]).stem == stem:
             return entry
     return None
+
+
+def compare(entry: dict[str, Any], notebook: Path) -> tuple[list[str], list[str]]:
+    """(stale, unverified) for one notebook's entry in a run: the claims it recorded that the notebook no longer
+    makes, and the names the notebook makes that it neither recorded nor ran without making (`not_made_here`:
+    the run executed this notebook and its machine took another branch, e.g. a CPU-only claim)."""
+    names = claimnames.in_notebook(notebook)
+    recorded = list(entry.get("claims", {}))
+    stale = [r for r in recorded if not any(n.matches(r) for n in names)]
+    elsewhere = set(entry.get("not_made_here", []))
+    unverified = [n.text for n in names if n.text not in elsewhere and not any(n.matches(r) for r in recorded)]
+    return stale, unverified
+
+
+def pending_now(run: Path, notebooks: Path = NOTEBOOKS_DIR) -> dict[str, Any]:
+    """What a run's pending.json must say for the notebooks as they are now (`labkit reference pending` writes
+    it): per notebook it holds, the claims not yet verified on its machine; the course's notebooks it lacks."""
+    summary = load(run)
+    held = {Path(e["notebook"]).stem: e for e in summary.get("notebooks", [])}
+    claims = {stem: compare(e, notebooks / f"{stem}.ipynb")[1] for stem, e in sorted(held.items())
+              if (notebooks / f"{stem}.ipynb").is_file()}
+    return {"about": "Claims the notebooks make that this reference run has not verified on its machine (they are "
+                     "new or renamed since it ran), and the notebooks it does not hold. Written by `labkit reference "
+                     "pending` from the notebooks and summary.json; rerunning it changes nothing until either does.",
+            "claims": {stem: names for stem, names in claims.items() if names},
+            "notebooks_not_run": sorted(p.stem for p in notebooks.glob("[0-9]*.ipynb") if p.stem not in held)}
+
+
+def pending(run: Path) -> dict[str, Any]:
+    """A run's committed pending.json (empty lists where it has none)."""
+    path = run / PENDING
+    return json.loads(path.read_text()) if path.is_file() else {"claims": {}, "notebooks_not_run": []}
 
 
 def gpu_count(machine: dict[str, Any]) -> int:
@@ -89,6 +124,8 @@ def show(notebook: str, figures: Iterable[str] | None = None, plots: Iterable[st
         for name, c in entry.get("claims", {}).items():
             if figures is None or name in wanted:
                 print(f"  claim {name}: {c['status']}")
+        for name in pending(run).get("claims", {}).get(Path(notebook).stem, []):
+            print(f"  claim {name}: {NOT_VERIFIED} (the notebook makes it; this run predates it)")
         for plot in plots:
             png = run / Path(notebook).stem / f"{plot}.png"
             if png.is_file():

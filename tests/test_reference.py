@@ -93,3 +93,94 @@ def test_each_notebook_is_read_from_a_one_gpu_run_before_a_multi_gpu_run_that_ho
     assert set(found) == {"00_why_gpus", "10_model_parallel", "13_capstone"}
     assert found["10_model_parallel"][1]["machine"]["GPUs"] == "1"  # one GPU before two, though older
     assert found["00_why_gpus"][1]["finished"] == "2026-11-25"  # the newer of two one-GPU runs
+
+
+# --- claim names: the notebooks' against the committed reference runs -------------------------------------------
+import pytest  # noqa: E402
+
+from labkit import claimnames  # noqa: E402
+from labkit.paths import NOTEBOOKS_DIR  # noqa: E402
+from labkit.tools import reference as reference_tool  # noqa: E402
+
+
+def write_nb(path, *cells: str):
+    path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": c, "metadata": {}, "outputs": []}
+                                          for c in cells], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def test_claim_names_are_read_from_literals_loops_fstrings_and_branches(tmp_path):
+    nb = write_nb(tmp_path / "04_x.ipynb",
+                  'labkit.claim("plain", "e", True)\nlabkit.skip_claim("a" if cfg.is_gpu else "b", "e", needs="x")',
+                  'for name, says in (("loop_one", "e"), ("loop_two", "e")):\n'
+                  '    labkit.skip_claim(name, says, needs="x")',
+                  'for s in sizes:\n    labkit.claim(f"rate_at_{s}", "e", True)\n%timeit x')
+    names = claimnames.in_notebook(nb)
+    assert [n.text for n in names] == ["plain", "a", "b", "loop_one", "loop_two", "rate_at_{s}"]
+    fs = names[-1]
+    assert fs.matches("rate_at_4096") and not fs.matches("rate_at_4096_extra_x y") and not fs.matches("plain")
+
+
+def test_a_claim_name_computed_at_run_time_is_refused_with_what_to_write(tmp_path):
+    nb = write_nb(tmp_path / "05_x.ipynb", 'for name in make_names():\n    labkit.claim(name, "e", True)')
+    with pytest.raises(claimnames.UnreadableClaimName, match="05_x.ipynb, code cell 1.*for name in"):
+        claimnames.in_notebook(nb)
+
+
+def fake_course(tmp_path, recorded: dict, not_made: list[str] = ()):
+    nbs = tmp_path / "notebooks"
+    nbs.mkdir()
+    write_nb(nbs / "04_x.ipynb", 'labkit.claim("old", "e", True)\nlabkit.claim("new_one", "e", True)',
+             'labkit.claim(f"size_{n}", "e", True)\nlabkit.claim("cpu_only", "e", True)')
+    write_nb(nbs / "05_y.ipynb", 'labkit.claim("z", "e", True)')
+    run = tmp_path / "ref" / "nvidia-h200"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"machine": {"GPU": "NVIDIA H200"}, "notebooks": [
+        {"notebook": "04_x.ipynb", "claims": {k: {"name": k, "status": v} for k, v in recorded.items()},
+         "not_made_here": list(not_made)}]}))
+    return nbs, run
+
+
+def test_pending_lists_new_claims_and_is_idempotent(tmp_path, capsys):
+    nbs, run = fake_course(tmp_path, {"old": "held", "size_1024": "held"}, ["cpu_only"])
+    args = ["reference", "pending", "--root", str(run.parent), "--notebooks", str(nbs)]
+    from labkit import cli
+
+    assert cli.main(args + ["--check"]) == 1  # no pending.json yet
+    assert cli.main(args) == 0
+    first = (run / "pending.json").read_text()
+    assert json.loads(first)["claims"] == {"04_x": ["new_one"]}  # cpu_only: run here, not made here
+    assert json.loads(first)["notebooks_not_run"] == ["05_y"]
+    assert cli.main(args) == 0 and (run / "pending.json").read_text() == first
+    assert cli.main(args + ["--check"]) == 0 and "(unchanged)" in capsys.readouterr().out
+    assert reference.show("04_x", root=run.parent)
+    out = capsys.readouterr().out
+    assert "claim new_one: not yet verified here" in out and "claim old: held" in out
+
+
+def test_a_recorded_claim_the_notebook_no_longer_makes_fails_or_is_withdrawn(tmp_path, capsys):
+    nbs, run = fake_course(tmp_path, {"old": "held", "gone": "failed"})
+    args = ["reference", "pending", "--root", str(run.parent), "--notebooks", str(nbs)]
+    from labkit import cli
+
+    assert cli.main(args) == 1 and "04_x: gone" in capsys.readouterr().out
+    assert not (run / "pending.json").exists()
+    assert cli.main(args + ["--drop-stale"]) == 0
+    entry = reference.load(run)["notebooks"][0]
+    assert entry["withdrawn"] == ["gone"] and list(entry["claims"]) == ["old"]
+    assert entry["claim_counts"]["failed"] == 0
+    assert cli.main(args) == 0  # nothing stale left
+
+
+@pytest.mark.parametrize("run", reference.runs(), ids=lambda p: p.name)
+def test_each_committed_reference_makes_the_notebooks_claims_or_lists_them_pending(run):
+    stale = reference_tool.stale_claims(run)
+    assert not stale, (f"{run.name} holds claims the notebooks no longer make: {stale}; rerun them there, or "
+                       f"`labkit reference pending {run.name} --drop-stale`")
+    assert reference.pending(run) == reference.pending_now(run), (
+        f"{run.name}/pending.json is out of date: run `labkit reference pending {run.name}` and commit it")
+
+
+def test_every_notebooks_claim_names_can_be_read():
+    for nb in sorted(NOTEBOOKS_DIR.glob("[0-9]*.ipynb")):
+        assert claimnames.in_notebook(nb), f"{nb.name}: no claims read"

@@ -175,3 +175,25 @@ def test_batch_runs_are_quiet_no_tcp_warning_no_frozen_progress_bars(tmp_path, c
     executed = nbformat.read(tmp_path / "out" / "bar.ipynb", as_version=4)
     outputs = executed.cells[1].outputs
     assert [o.get("text", "") for o in outputs] == ["done\n"], outputs  # no widget, no text bar
+
+
+def test_a_run_stores_the_commit_it_ran_from_and_whether_the_tree_was_dirty(tmp_path):
+    import re
+    import subprocess
+
+    from labkit.tools.run import not_made, source_commit
+
+    assert source_commit(tmp_path) == {"commit": None, "dirty": None}  # not a git checkout
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "a.txt").write_text("1")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "a.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    clean = source_commit(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{40}", clean["commit"]) and clean["dirty"] is False
+    (tmp_path / "a.txt").write_text("2")
+    assert source_commit(tmp_path) == {**clean, "dirty": True}
+    nb = tmp_path / "04_x.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "outputs": [],
+                                         "source": 'labkit.claim("a" if gpu else "b_on_cpu", "e", True)'}]}))
+    assert not_made(nb, {"a": {}}) == ["b_on_cpu"]

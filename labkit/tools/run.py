@@ -15,13 +15,15 @@ import difflib
 import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
+from labkit import claimnames
 from labkit import claims as claims_mod
 from labkit import reference
 from labkit.figures import figures_in, fmt_value
-from labkit.paths import course_notebooks, machine_slug
+from labkit.paths import COURSE_ROOT, course_notebooks, machine_slug
 from labkit.tools import nbio, shard
 
 
@@ -164,7 +166,33 @@ def run_one(path: Path, out_dir: Path, parameters: dict, timeout_s: float | None
     entry["figures"] = figures_in(executed) if executed else {}
     entry["claims"] = claims_mod.claims_in(executed) if executed else {}
     entry["claim_counts"] = claims_mod.tally(entry["claims"])
+    if entry["status"] == "ok":  # it ran to the end: a name it can make but did not is another machine's claim
+        entry["not_made_here"] = not_made(path, entry["claims"])
     return entry
+
+
+def not_made(path: Path, recorded: dict) -> list[str]:
+    """The claim names a notebook's source can make that a complete run of it did not record (a CPU-only claim
+    on a GPU, a 2-GPU claim on one); [] where a name cannot be read statically (tests/test_reference.py says so)."""
+    try:
+        names = claimnames.in_notebook(path)
+    except claimnames.UnreadableClaimName:
+        return []
+    return [n.text for n in names if not any(n.matches(r) for r in recorded)]
+
+
+def source_commit(root: Path = COURSE_ROOT) -> dict:
+    """The commit the notebooks ran from and whether the tree had uncommitted changes (None outside git)."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
 def _running_cell(executed) -> str | None:
@@ -183,7 +211,8 @@ def run_facts(parameters: dict) -> dict:
     import labkit
     from labkit import ceilings
 
-    facts: dict = {"finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    facts: dict = {"finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   **source_commit()}
     try:
         cfg = labkit.setup(device=parameters.get("device"), quick=parameters.get("quick"))
         facts["machine"] = labkit.machine_info()
@@ -282,6 +311,8 @@ def save_reference(out_dir: Path, entries: list[dict], root: Path | None = None)
     for e in new:  # paths on the GPU host mean nothing to a student
         e["notebook"], e["output"] = Path(e["notebook"]).name, Path(e["output"]).name
         e.setdefault("finished", summary.get("finished"))
+        for key in ("commit", "dirty"):  # each notebook keeps the commit it ran from, as batches are merged
+            e.setdefault(key, summary.get(key))
     old = json.loads((dest / "summary.json").read_text()) if (dest / "summary.json").exists() else {}
     names = {e["notebook"] for e in new}
     kept = [e for e in old.get("notebooks", []) if e["notebook"] not in names]
@@ -289,6 +320,9 @@ def save_reference(out_dir: Path, entries: list[dict], root: Path | None = None)
     if "about" in old:
         summary["about"] = old["about"]
     (dest / "summary.json").write_text(json.dumps(summary, indent=1))
+    from labkit.tools.reference import write_pending
+
+    write_pending(dest)
     return dest
 
 
