@@ -144,18 +144,29 @@ def unit_roundoff(precision: str) -> float:
     return 2.0 ** -(MANTISSA_BITS[precision] + 1)
 
 
-def error_model(n: int, precision: str) -> float:
+def error_model(n: int, precision: str, summation: str | int = "chain") -> float:
     """Expected ||C - C64|| / ||C64|| of an n^3 matmul of random inputs in `precision`.
 
     Random rounding errors add in quadrature: the two inputs are rounded to the format, the output
     to its storage format (fp16/bf16 store C in 16 bits; TF32 and fp32 return fp32; FP8 returns
-    bf16), and the k = n products are summed in fp32, one rounding per addition, each on a partial
-    sum of size ~sqrt(j): in total sqrt(n / 2) fp32 roundings. Each rounding is ROUNDING_RMS x u.
+    bf16), and the k = n products are summed in fp32. Each addition rounds its partial sum, whose size
+    is sqrt(terms under it): the roundings add up to sum(terms under each addition) / k unit roundings.
+    `summation`: "chain" (one after another: n / 2), an int b (k-blocks of b terms from zero, then the
+    block sums in a chain, as split-k or a BLAS's blocks: (b + n / b) / 2), or "tree" (pairwise, the
+    fewest any order can have: log2 n). Each rounding is ROUNDING_RMS x u.
     """
     _check_size(n)
     u_in, u32 = unit_roundoff(precision), unit_roundoff("fp32")
     u_out = {"fp16": u_in, "bf16": u_in, "fp8": unit_roundoff("bf16")}.get(precision, 0.0)
-    return ROUNDING_RMS * math.sqrt(2 * u_in**2 + u_out**2 + n / 2 * u32**2)
+    if summation == "chain" or (isinstance(summation, int) and summation >= n):
+        roundings = n / 2
+    elif summation == "tree":
+        roundings = math.log2(n) if n > 1 else 0.0
+    elif isinstance(summation, int) and not isinstance(summation, bool) and summation >= 1:
+        roundings = (summation + n / summation) / 2
+    else:
+        raise ValueError(f"summation={summation!r}: use 'chain', 'tree' or a k-block size (an int >= 1)")
+    return ROUNDING_RMS * math.sqrt(2 * u_in**2 + u_out**2 + roundings * u32**2)
 
 
 def worst_case_bound(n: int) -> float:

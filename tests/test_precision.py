@@ -163,3 +163,26 @@ def test_format_rows_include_fp8():
     rows = {r["format"]: r for r in precision.format_rows()}
     assert rows["fp8 e4m3"]["max"] == 448 and rows["fp8 e4m3"]["mantissa bits"] == 3
     assert rows["fp8 e5m2"]["exponent bits"] == 5 and rows["fp8 e5m2"]["eps"] == 0.25
+
+
+def test_each_summation_order_rounds_as_counted():
+    """One chain, k-blocks and a pairwise tree, summed in float32 here: each error is the model's for its order."""
+    import numpy as np
+
+    rows, k, b = 300, 4096, 64
+    x = np.random.default_rng(7).standard_normal((rows, k)).astype(np.float32)
+    exact = x.astype(np.float64).sum(axis=1)
+    chain = np.add.accumulate(x, axis=1, dtype=np.float32)[:, -1]
+    blocks = np.add.accumulate(x.reshape(rows, k // b, b), axis=2, dtype=np.float32)[:, :, -1]
+    blocked = np.add.accumulate(blocks, axis=1, dtype=np.float32)[:, -1]
+    tree = x
+    while tree.shape[1] > 1:
+        tree = (tree[:, ::2] + tree[:, 1::2]).astype(np.float32)
+    u, rms = precision.unit_roundoff("fp32"), precision.ROUNDING_RMS
+    for got, roundings in ((chain, k / 2), (blocked, (b + k / b) / 2), (tree[:, 0], math.log2(k))):
+        measured = math.sqrt(np.mean((got - exact) ** 2) / np.mean(exact**2))
+        assert rms * u * math.sqrt(roundings) / 1.3 < measured < 1.3 * rms * u * math.sqrt(roundings), roundings
+    models = [precision.error_model(k, "fp32", s) for s in ("tree", math.isqrt(k), b // 4, "chain")]
+    assert models == sorted(models) and precision.error_model(k, "fp32", k) == models[-1]
+    with pytest.raises(ValueError, match="'chain', 'tree' or a k-block size"):
+        precision.error_model(k, "fp32", "blocked")
