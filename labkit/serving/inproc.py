@@ -42,11 +42,11 @@ async def run_async(run_batch: Callable[[torch.Tensor], torch.Tensor], inputs: t
                       buckets=bucket_sizes(max_batch), threaded=threaded)
     batcher.start()
     done_at = np.full(len(when), np.nan)
-    lag, futures, out = [], [], {"rejected": 0, "errors": 0, "gave_up": False}
+    lag, futures, out, late = [], [], {"rejected": 0, "errors": 0}, set()
 
     def answered(i: int) -> Callable[[asyncio.Future], None]:
         def record(fut: asyncio.Future) -> None:
-            if fut.cancelled() or out["gave_up"]:  # an answer after the client hung up is not an answer
+            if fut.cancelled() or i in late:  # an answer after the client hung up is not an answer
                 return
             if fut.exception() is not None:
                 out["errors"] += 1
@@ -69,16 +69,19 @@ async def run_async(run_batch: Callable[[torch.Tensor], torch.Tensor], inputs: t
                     out["rejected"] += 1
                 else:
                     fut.add_done_callback(answered(i))
-                    futures.append(fut)
+                    futures.append((i, fut))
                 i += 1
             if i < len(when):
                 await asyncio.sleep(max(0.0, when[i] - (time.perf_counter() - t0)))
         sent_s = time.perf_counter() - t0
-        pending = [f for f in futures if not f.done()]
+        pending = [f for _, f in futures if not f.done()]
         if pending:
             await asyncio.wait(pending, timeout=timeout_s)
-        out["gave_up"] = True
-        timeouts = sum(batcher.cancel(f) or not f.done() for f in futures if not f.done())
+        late.update(i for i, f in futures if not f.done())  # (a done future's callback may still be queued)
+        for i, f in futures:
+            if i in late:
+                batcher.cancel(f)  # dropped if still queued; if in a running batch, its answer is ignored
+        timeouts = len(late)
         await batcher.close(drain=True)  # requests already in a batch finish; nothing else waits
     finally:
         if gc_was_on:
@@ -92,10 +95,13 @@ async def run_async(run_batch: Callable[[torch.Tensor], torch.Tensor], inputs: t
 
 
 def run(*args, **kwargs) -> LoadResult:
-    """`run_async` from plain code or a notebook (its own event loop, in a thread)."""
+    """`run_async` from plain code or a notebook (its own event loop, in a thread that keeps the caller's torch
+    thread count: a new thread starts with OpenMP's default, one spinning worker per core, which starves the loop)."""
     result: list = []
+    threads = torch.get_num_threads()
 
     def target():
+        torch.set_num_threads(threads)
         try:
             result.append(asyncio.run(run_async(*args, **kwargs)))
         except BaseException as err:  # re-raised in the caller's thread
