@@ -5,16 +5,24 @@ Used by: notebook 11.
 """
 from __future__ import annotations
 
+import os
+import sysconfig
+from pathlib import Path
 from typing import Any
 
-LIVE = ("active_allocated", "active_awaiting_free")  # blocks a tensor still holds (the allocator counts both)
-_INTERNAL = ("/torch/", "/site-packages/", "/labkit/", "<frozen")
+import torch
+
+# A tensor holds an active_allocated block; an active_awaiting_free one was freed by Python but another stream's
+# queued work may still use it (record_stream): torch.cuda.memory_allocated no longer counts it.
+LIVE = ("active_allocated", "active_awaiting_free")
+_INTERNAL = tuple(str(p) + os.sep for p in (Path(torch.__file__).parent, Path(__file__).parent.parent,
+                                            Path(sysconfig.get_paths()["purelib"]))) + ("<frozen",)
 
 
 def where(frames: list[dict[str, Any]]) -> str:
     """The innermost frame of the user's own code in a recorded stack ('file:line in name'), or a note why none."""
     for f in frames:
-        if not any(part in f.get("filename", "") for part in _INTERNAL):
+        if not f.get("filename", "").startswith(_INTERNAL):
             return f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} in {f['name']}"
     return f"{frames[0]['filename'].rsplit('/', 1)[-1]}:{frames[0]['line']}" if frames else "(before recording)"
 
@@ -28,8 +36,8 @@ def live_blocks(snapshot: dict[str, Any], device: int) -> list[dict[str, Any]]:
 
 
 def live_bytes(snapshot: dict[str, Any], device: int) -> int:
-    """Bytes the live blocks on `device` add up to (what torch.cuda.memory_allocated counts)."""
-    return sum(b["size"] for b in live_blocks(snapshot, device))
+    """Bytes of the blocks tensors hold on `device` (active_allocated): what torch.cuda.memory_allocated counts."""
+    return sum(b["size"] for b in live_blocks(snapshot, device) if b["state"] == "active_allocated")
 
 
 def trace(snapshot: dict[str, Any], device: int, action: str | None = None) -> list[dict[str, Any]]:
