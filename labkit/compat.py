@@ -24,6 +24,8 @@ Each hook: what labkit uses it for; what happens without it.
   sets it.
 - `torch.utils._python_dispatch.TorchDispatchMode`: counting the ops a call runs (exercise 11); none, it is
   needed.
+- `torch.cuda.memory._record_memory_history`, `torch.cuda.memory._snapshot`: the allocator's memory snapshot
+  (notebook 11: what holds memory, and which allocation ran out); that section says it cannot run.
 - `DistributedDataParallel._get_ddp_logging_data`: the sizes of DDP's gradient buckets (labkit.parallel.ddp_timing);
   one bucket of every gradient assumed.
 """
@@ -138,6 +140,25 @@ def scaled_mm() -> Callable[..., torch.Tensor] | None:
 def gpu_sleep() -> Callable[[int], None] | None:
     """torch.cuda._sleep(cycles): a GPU kernel that spins for about that many clock cycles; None where absent."""
     return getattr(torch.cuda, "_sleep", None)
+
+
+def record_memory_history(enabled: bool, max_entries: int = 100_000) -> bool:
+    """Start (or stop) recording every CUDA allocation with its Python stack
+    (torch.cuda.memory._record_memory_history); False where this torch lacks it."""
+    record = getattr(torch.cuda.memory, "_record_memory_history", None)
+    if record is None:
+        return False
+    if enabled:
+        record("all", context="all", stacks="python", max_entries=max_entries)
+    else:
+        record(None)
+    return True
+
+
+def memory_snapshot() -> dict | None:
+    """The caching allocator's state and recorded trace (torch.cuda.memory._snapshot), or None where absent."""
+    snap = getattr(torch.cuda.memory, "_snapshot", None)
+    return snap() if snap is not None else None
 
 
 def reset_compiled() -> None:

@@ -154,3 +154,18 @@ def test_paired_timing_alternates_the_two_loops_round_by_round():
     calls = []
     a, b = paired_step_ms(lambda: calls.append("a"), lambda: calls.append("b"), "cpu", rounds=3, steps=2)
     assert a.n == b.n == 3 and calls == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
+
+
+def test_a_step_that_takes_away_a_parents_setting_says_so():
+    """A variant changes its parent's settings; one that turns off something the parent had (compile mode,
+    CUDA graphs, a fused optimizer...) must say what it gives up, never do it silently."""
+    from labkit.capstone import changes
+
+    turned_off = {"compile": lambda old, new: old == "reduce-overhead" and new != old,
+                  "tf32": lambda old, new: old and not new, "bf16": lambda old, new: old and not new}
+    for v in VARIANTS.values():
+        lost = [f for f, (old, new) in changes(v).items() if f in turned_off and turned_off[f](old, new)]
+        assert not lost or v.gives_up, f"{v.name} turns off its parent's {lost} without saying so (gives_up)"
+    assert changes(variant("ddp"))["compile"] == ("reduce-overhead", "default")
+    assert "CUDA graphs" in variant("ddp").gives_up and changes(variant("baseline")) == {}
+    assert changes(variant("tf32")) == {"tf32": (False, True)}

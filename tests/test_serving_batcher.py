@@ -411,3 +411,48 @@ def test_a_policy_that_never_launches_is_an_error_not_a_hang():
 
     with pytest.raises(RuntimeError, match="no progress"):
         simulate(poisson_arrivals(1000.0, 50, seed=0), lambda b: 1e-3, 8, 1e-3, policy=stubborn)
+
+
+def test_enqueue_returns_a_future_and_cancel_drops_a_waiting_request():
+    model, held = Model(), [True]
+
+    def hold_then_launch_delay(n_waiting, oldest_wait_s, max_batch, max_delay_s):  # no launch while held
+        return 0.005 if held[0] else launch_delay(n_waiting, oldest_wait_s, max_batch, max_delay_s)
+
+    async def main():
+        b = Batcher(model, max_batch=8, max_delay_s=0.0, policy=hold_then_launch_delay)
+        b.start()
+        gone, kept = b.enqueue(torch.zeros(2)), b.enqueue(torch.full((2,), 3.0))
+        assert b.cancel(gone) and not b.cancel(gone)  # dropped once; a second cancel finds nothing
+        held[0] = False
+        y = await kept
+        await b.close()
+        return gone, y, b.stats
+
+    gone, y, stats = run(main())
+    assert gone.cancelled() and torch.equal(y, torch.full((2,), 6.0))
+    assert stats.dropped == 1 and stats.served == 1 and dict(stats.batches) == {1: 1}
+
+
+def test_enqueue_refuses_when_full_or_not_started():
+    with pytest.raises(RuntimeError, match="start"):
+        Batcher(Model()).enqueue(torch.zeros(2))
+
+    async def main():
+        model = Model()
+        model.gate.clear()  # the first batch blocks: the queue fills behind it
+        b = Batcher(model, max_batch=1, max_delay_s=0.0, max_queue=2)
+        b.start()
+        first = b.enqueue(torch.zeros(1))
+        while not model.entered.is_set():
+            await asyncio.sleep(0.001)
+        b.enqueue(torch.zeros(1))
+        b.enqueue(torch.zeros(1))
+        with pytest.raises(QueueFull, match="max_queue=2"):
+            b.enqueue(torch.zeros(1))
+        model.gate.set()
+        await first
+        await b.close()
+        return b.stats
+
+    assert run(main()).rejected == 1

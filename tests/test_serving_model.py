@@ -63,3 +63,13 @@ def test_warm_runs_every_size_and_leaves_answers_unchanged():
     runner.warm([4, 1, 16, 4], reps=2)
     assert seen == [1, 1, 4, 4, 16, 16]
     torch.testing.assert_close(runner(x), before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="lists GPU kernels: needs a CUDA GPU")
+def test_gpu_kernel_names_lists_the_kernels_of_one_call():
+    from labkit.serving.model import gpu_kernel_names
+
+    x = torch.randn(8, 64, device="cuda")
+    w = torch.randn(64, 64, device="cuda")
+    names = gpu_kernel_names(lambda t: torch.nn.functional.gelu(t @ w), x)
+    assert len(names) >= 2 and any("gelu" in n.lower() for n in names)

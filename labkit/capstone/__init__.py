@@ -8,7 +8,7 @@ from labkit.capstone.data import Corpus, make_corpus
 from labkit.capstone.model import GPT, GPTConfig
 from labkit.capstone.score import Measured, Score, score
 from labkit.capstone.train import Result, RunConfig, Trainer, run_variant
-from labkit.capstone.variants import VARIANTS, Variant, chain, variant
+from labkit.capstone.variants import VARIANTS, Variant, chain, changes, variant
 
 __all__ = ["Corpus", "make_corpus", "GPT", "GPTConfig", "Measured", "Score", "score", "Result", "RunConfig",
-           "Trainer", "run_variant", "VARIANTS", "Variant", "chain", "variant"]
+           "Trainer", "run_variant", "VARIANTS", "Variant", "chain", "changes", "variant"]

@@ -22,6 +22,7 @@ class Variant:
     compile: str = ""             # "" | "default" | "reduce-overhead" (CUDA graphs)
     pad: int = 1                  # round vocabulary and MLP hidden size up to a multiple of this
     ddp: bool = False             # DistributedDataParallel over every GPU (launched with torchrun)
+    gives_up: str = ""            # what the change takes away from the parent besides what it removes ('' none)
 
     @property
     def needs(self) -> str:
@@ -61,7 +62,9 @@ _then("reduce_overhead", "CUDA graphs", "the CPU launching every kernel of the s
       compile="reduce-overhead")
 _then("padded", "padded shapes", "matmuls whose sizes are not multiples of the tensor-core tiles", pad=64)
 _then("ddp", "DDP", "one GPU doing all the work (DistributedDataParallel over every GPU)", ddp=True,
-      compile="default")
+      compile="default", gives_up="its parent's CUDA graphs: the DDP step is compiled in the default mode (capturing "
+      "DDP's bucketed all-reduces in CUDA graphs is a step this course does not take), so its one-GPU yardstick is "
+      "the same DDP step on one GPU, not its parent")
 
 VARIANTS: dict[str, Variant] = {v.name: v for v in _V}
 
@@ -71,6 +74,16 @@ def variant(name: str) -> Variant:
     if name not in VARIANTS:
         raise ValueError(f"no variant {name!r}; pick one of {', '.join(VARIANTS)}")
     return VARIANTS[name]
+
+
+def changes(v: Variant) -> dict[str, tuple]:
+    """The settings `v` changes from its parent: field -> (parent's value, v's value); {} for the baseline."""
+    if v.parent is None:
+        return {}
+    parent = variant(v.parent)
+    skip = {"name", "label", "parent", "removes", "gives_up"}
+    return {f: (getattr(parent, f), getattr(v, f)) for f in v.__dataclass_fields__
+            if f not in skip and getattr(parent, f) != getattr(v, f)}
 
 
 def chain(name: str) -> list[Variant]:

@@ -146,8 +146,12 @@ class Batcher:
             self._wake = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
-    async def submit(self, x: torch.Tensor) -> torch.Tensor:
-        """Queue one input (no batch dimension) and wait for its output; QueueFull / Closed when refused."""
+    def enqueue(self, x: torch.Tensor) -> asyncio.Future:
+        """Queue one input (no batch dimension) without waiting; its future gets the output. QueueFull / Closed
+        are raised at once when refused. For a caller that cannot await (an in-process load generator)."""
+        return self._enqueue(x).future
+
+    def _enqueue(self, x: torch.Tensor) -> _Request:
         if self._task is None:
             raise RuntimeError("Batcher.start() was not called: start it inside the event loop first")
         if self._closing:
@@ -156,10 +160,24 @@ class Batcher:
         if len(self._queue) >= self.max_queue:
             self.stats.rejected += 1
             raise QueueFull(f"{len(self._queue)} requests already wait (max_queue={self.max_queue}); retry later")
-        loop = asyncio.get_running_loop()
-        req = _Request(x, loop.create_future(), time.perf_counter())
+        req = _Request(x, asyncio.get_running_loop().create_future(), time.perf_counter())
         self._queue.append(req)
         self._wake.set()
+        return req
+
+    def cancel(self, future: asyncio.Future) -> bool:
+        """Drop the request of `future` if it still waits in the queue (True), as a caller that hung up."""
+        for req in self._queue:
+            if req.future is future:
+                self._queue.remove(req)
+                self.stats.dropped += 1
+                future.cancel()
+                return True
+        return False
+
+    async def submit(self, x: torch.Tensor) -> torch.Tensor:
+        """Queue one input (no batch dimension) and wait for its output; QueueFull / Closed when refused."""
+        req = self._enqueue(x)
         try:
             return await req.future
         except asyncio.CancelledError:  # the caller gave up: drop it if it is still waiting

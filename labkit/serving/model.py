@@ -113,3 +113,13 @@ class FixedTime:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         time.sleep(self.ms / 1e3)
         return x.sum(1, keepdim=True).expand(-1, self.d_out).clone()
+
+
+def gpu_kernel_names(fn, x: torch.Tensor) -> list[str]:
+    """Names of the GPU kernels (and copies) one call `fn(x)` runs, from torch.profiler (a CUDA device only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn(x)
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
