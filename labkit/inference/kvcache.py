@@ -1,0 +1,62 @@
+"""The KV cache: one (batch, kv_heads, max_len, head_dim) buffer per layer for keys and one for values, the
+write of new keys/values at each sequence's own position, and one query's attention against the cache.
+
+Used by: notebook 14, exercise 14.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    """Keys and values of every layer: k[l], v[l] are (batch, kv_heads, max_len, head_dim)."""
+
+    k: torch.Tensor  # (layers, batch, kv_heads, max_len, head_dim)
+    v: torch.Tensor
+
+    @classmethod
+    def empty(cls, layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
+              dtype: torch.dtype, device: torch.device | str) -> KVCache:
+        shape = (layers, batch, kv_heads, max_len, head_dim)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+
+def update_cache(cache_k: torch.Tensor, cache_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write k, v (B, kv_heads, T, hd) into the caches (B, kv_heads, max_len, hd) at positions pos[b] .. pos[b]+T-1
+    of each sequence b, in place (a scatter: no host sync, so a CUDA graph can replay it); returns the caches."""
+    B, H, T, D = k.shape
+    if pos.shape != (B,):
+        raise ValueError(f"update_cache: pos must hold one start position per sequence, shape ({B},), got "
+                         f"{tuple(pos.shape)}")
+    idx = (pos.view(B, 1) + torch.arange(T, device=pos.device)).view(B, 1, T, 1).expand(B, H, T, D)
+    cache_k.scatter_(2, idx, k.to(cache_k.dtype))
+    cache_v.scatter_(2, idx, v.to(cache_v.dtype))
+    return cache_k, cache_v
+
+
+def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+                     lengths: torch.Tensor) -> torch.Tensor:
+    """One query per sequence q (B, H, hd) against the first lengths[b] cached keys/values (B, kv_heads, L, hd);
+    query head h reads kv head h // (H / kv_heads) (grouped-query attention). Returns (B, H, hd)."""
+    B, H, D = q.shape
+    kvh, L = cache_k.shape[1], cache_k.shape[2]
+    if H % kvh:
+        raise ValueError(f"decode_attention: {H} query heads cannot share {kvh} kv heads evenly")
+    qg = q.reshape(B, kvh, H // kvh, D).to(cache_k.dtype)  # the cache is read once, in its own dtype
+    scores = torch.matmul(qg, cache_k.transpose(-1, -2))  # (B, kvh, group, L); softmax in float32 or better
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) / math.sqrt(D)
+    live = torch.arange(L, device=q.device).view(1, 1, 1, L) < lengths.view(B, 1, 1, 1)
+    p = torch.softmax(scores.masked_fill(~live, float("-inf")), dim=-1)
+    return torch.matmul(p.to(cache_v.dtype), cache_v).reshape(B, H, D).to(q.dtype)
