@@ -34,3 +34,10 @@ def test_int8_decoder_logit_error_is_bounded_by_twice_the_weights_error():
     w = weight_error(dec, dec8)
     assert 0 < rel < 2 * w and 1e-3 < w < 2e-2, (rel, w)
     assert all(isinstance(m, Int8Linear) for m in (dec8.head, dec8.layers[0].q, dec8.layers[1].fc))
+
+
+def test_the_compiled_decode_form_equals_the_matmul_form():
+    lin = torch.nn.Linear(67, 45).double()
+    m = Int8Linear(lin, torch.float64)
+    x = torch.randn(2, 1, 67, dtype=torch.float64)
+    torch.testing.assert_close(m.rowdot(x), torch.nn.functional.linear(x, m.q.double()), rtol=1e-5, atol=1e-3)  # float32 sums

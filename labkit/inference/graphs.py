@@ -34,7 +34,6 @@ class DecodeStep:
         if "graph" in mode:
             self._capture()
 
-    @torch.inference_mode()
     def _eager(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return self.dec.step(tokens, pos, self.cache)
 
@@ -42,12 +41,12 @@ class DecodeStep:
         saved = (self.cache.k.clone(), self.cache.v.clone())  # warm-up and capture write into the cache
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.inference_mode():
+        with torch.cuda.stream(side), torch.no_grad():
             for _ in range(3):
                 self.fn(self.tokens, self.pos)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.inference_mode():
+        with torch.cuda.graph(self.graph), torch.no_grad():
             self.logits = self.fn(self.tokens, self.pos)
         self.cache.k.copy_(saved[0])
         self.cache.v.copy_(saved[1])
@@ -56,6 +55,7 @@ class DecodeStep:
         self.tokens.copy_(tokens)
         self.pos.copy_(pos)
         if self.graph is None:
-            return self.fn(self.tokens, self.pos)
+            with torch.no_grad():
+                return self.fn(self.tokens, self.pos)
         self.graph.replay()
         return self.logits

@@ -56,7 +56,7 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
         raise ValueError(f"decode_attention: {H} query heads cannot share {kvh} kv heads evenly")
     qg = q.reshape(B, kvh, H // kvh, D).to(cache_k.dtype)  # the cache is read once, in its own dtype
     scores = torch.matmul(qg, cache_k.transpose(-1, -2))  # (B, kvh, group, L); softmax in float32 or better
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) / math.sqrt(D)
+    scores = scores.to(torch.float64 if scores.dtype == torch.float64 else torch.float32) / math.sqrt(D)
     live = torch.arange(L, device=q.device).view(1, 1, 1, L) < lengths.view(B, 1, 1, 1)
     p = torch.softmax(scores.masked_fill(~live, float("-inf")), dim=-1)
     return torch.matmul(p.to(cache_v.dtype), cache_v).reshape(B, H, D).to(q.dtype)

@@ -18,7 +18,14 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Linear(nn.Module):
-    """y = (x @ q.T) * scale + bias, q int8: the dequantization is one multiply per output, after the matmul."""
+    """y = (x @ q.T) * scale + bias, q int8: the dequantization is one multiply per output, after the matmul.
+
+    Under torch.compile with a few rows (decode), the product is written as multiply-and-sum so that the compiler
+    fuses the int8 -> float conversion into one reduction that reads each int8 weight once; eager PyTorch (and
+    many rows) converts the weights first and calls the matmul.
+    """
+
+    ROWDOT_MAX_ROWS = 8
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
         super().__init__()
@@ -27,8 +34,15 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale.to(dtype))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
 
+    def rowdot(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ q.T as a broadcast multiply and a float32 sum over the inputs (a matrix-vector product per row)."""
+        return (x.unsqueeze(-2).float() * self.q.float()).sum(-1).to(x.dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.q.to(x.dtype)) * self.scale
+        if torch.compiler.is_compiling() and x.numel() // x.shape[-1] <= self.ROWDOT_MAX_ROWS:
+            y = self.rowdot(x) * self.scale
+        else:
+            y = F.linear(x, self.q.to(x.dtype)) * self.scale
         return y if self.bias is None else y + self.bias
 
 
