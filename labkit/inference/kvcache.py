@@ -35,14 +35,16 @@ class KVCache:
 def update_cache(cache_k: torch.Tensor, cache_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Write k, v (B, kv_heads, T, hd) into the caches (B, kv_heads, max_len, hd) at positions pos[b] .. pos[b]+T-1
-    of each sequence b, in place (a scatter: no host sync, so a CUDA graph can replay it); returns the caches."""
+    of each sequence b, in place (an index_put: no host sync, so a CUDA graph can replay it, and torch.compile
+    updates the cache where it lies instead of copying it); returns the caches."""
     B, H, T, D = k.shape
     if pos.shape != (B,):
         raise ValueError(f"update_cache: pos must hold one start position per sequence, shape ({B},), got "
                          f"{tuple(pos.shape)}")
-    idx = (pos.view(B, 1) + torch.arange(T, device=pos.device)).view(B, 1, T, 1).expand(B, H, T, D)
-    cache_k.scatter_(2, idx, k.to(cache_k.dtype))
-    cache_v.scatter_(2, idx, v.to(cache_v.dtype))
+    rows = torch.arange(B, device=pos.device).view(B, 1)
+    idx = pos.view(B, 1) + torch.arange(T, device=pos.device)  # (B, T): row b's positions
+    cache_k[rows, :, idx] = k.transpose(1, 2).to(cache_k.dtype)  # indexed (B, T, kv_heads, hd)
+    cache_v[rows, :, idx] = v.transpose(1, 2).to(cache_v.dtype)
     return cache_k, cache_v
 
 
