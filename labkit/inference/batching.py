@@ -65,7 +65,7 @@ def run(dec: Decoder, cache: KVCache, step: Step, requests: list[Request], polic
     step's tokens come back to the host, as a server streams them. `sync` waits for the device (timing)."""
     if policy not in ("static", "continuous"):
         raise ValueError(f"batching.run: policy must be 'static' or 'continuous', got {policy!r}")
-    slots, dev = cache.k.shape[1], cache.k.device
+    slots, dev = cache.batch, cache.device
     for r in requests:
         if len(r.prompt) + r.max_new > cache.max_len or r.max_new < 1:
             raise ValueError(f"request {r.rid}: {len(r.prompt)} + {r.max_new} tokens do not fit the cache's "

@@ -96,8 +96,8 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             q, k, v = self._split(layer, layer.ln1(x))
             if cache is not None:
-                cache.k[i, rows, :, :T] = k.to(cache.k.dtype)
-                cache.v[i, rows, :, :T] = v.to(cache.v.dtype)
+                cache.k[i][rows, :, :T] = k.to(cache.k[i].dtype)
+                cache.v[i][rows, :, :T] = v.to(cache.v[i].dtype)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
             x = x + layer.proj(y.transpose(1, 2).reshape(B, T, -1))
             x = x + layer.mlp(x)

@@ -20,11 +20,11 @@ class DecodeStep:
     def __init__(self, dec: Decoder, cache: KVCache, mode: str = "eager"):
         if mode not in ("eager", "compile", "graph", "compile+graph"):
             raise ValueError(f"DecodeStep: mode must be eager, compile, graph or compile+graph, got {mode!r}")
-        dev = cache.k.device
+        dev = cache.device
         if "graph" in mode and dev.type != "cuda":
             raise ValueError(f"DecodeStep(mode={mode!r}) captures a CUDA graph: it needs the decoder on a CUDA GPU")
         self.dec, self.cache, self.mode = dec, cache, mode
-        B = cache.k.shape[1]
+        B = cache.batch
         self.tokens = torch.zeros(B, dtype=torch.long, device=dev)
         self.pos = torch.zeros(B, dtype=torch.long, device=dev)
         fn: Callable = self._eager
@@ -38,7 +38,7 @@ class DecodeStep:
         return self.dec.step(tokens, pos, self.cache)
 
     def _capture(self) -> None:
-        saved = (self.cache.k.clone(), self.cache.v.clone())  # warm-up and capture write into the cache
+        saved = [t.clone() for t in (*self.cache.k, *self.cache.v)]  # warm-up and capture write into the cache
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
@@ -48,8 +48,8 @@ class DecodeStep:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph), torch.no_grad():
             self.logits = self.fn(self.tokens, self.pos)
-        self.cache.k.copy_(saved[0])
-        self.cache.v.copy_(saved[1])
+        for t, old in zip((*self.cache.k, *self.cache.v), saved):
+            t.copy_(old)
 
     def __call__(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         self.tokens.copy_(tokens)

@@ -13,23 +13,33 @@ import torch
 
 @dataclass
 class KVCache:
-    """Keys and values of every layer: k[l], v[l] are (batch, kv_heads, max_len, head_dim)."""
+    """Keys and values, one (batch, kv_heads, max_len, head_dim) tensor per layer: k[l], v[l]. Separate tensors, not
+    views of one, so that torch.compile writes a step's new keys where they lie instead of copying the layer."""
 
-    k: torch.Tensor  # (layers, batch, kv_heads, max_len, head_dim)
-    v: torch.Tensor
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
 
     @classmethod
     def empty(cls, layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
               dtype: torch.dtype, device: torch.device | str) -> KVCache:
-        shape = (layers, batch, kv_heads, max_len, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        shape = (batch, kv_heads, max_len, head_dim)
+        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
+                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)])
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[0]
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[3]
+        return self.k[0].shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k[0].device
 
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
 
 def update_cache(cache_k: torch.Tensor, cache_v: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
