@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
 GRADED_FUNCTIONS = ["causal_mask", "to_device", "pinned_copy", "overlapped_map", "median_ms", "matmul_flops_bytes",
                     "attainable_tflops", "row_sum", "found_inf", "update_scale", "average_gradients",
-                    "accumulated_grads", "flash_attention", "one_f_one_b", "fast_train", "launch_delay", "make_trainer"]
+                    "accumulated_grads", "flash_attention", "one_f_one_b", "fast_train", "launch_delay", "make_trainer",
+                    "update_cache", "decode_step"]
 
 
 RELEASED_AS_BASELINE = {"make_trainer"}  # exercise 13 starts from the baseline training loop, which runs

@@ -12,7 +12,7 @@ from types import ModuleType
 from labkit.exercises import (ex01_device_placement, ex02_transfers, ex03_timing, ex04_roofline,  # noqa: I001
                               ex05_triton_row_sum, ex06_cuda_kernel, ex07_mixed_precision, ex08_data_parallel)
 from labkit.exercises import ex09_attention, ex10_model_parallel, ex11_profiling, ex12_serving  # noqa: I001
-from labkit.exercises import ex13_capstone  # noqa: I001
+from labkit.exercises import ex13_capstone, ex14_llm_inference  # noqa: I001
 from labkit.exercises.spec import Function, Stage
 
 EXERCISES: list[ModuleType] = [
@@ -29,6 +29,7 @@ EXERCISES: list[ModuleType] = [
     ex11_profiling,
     ex12_serving,
     ex13_capstone,
+    ex14_llm_inference,
 ]
 
 __all__ = ["EXERCISES", "Function", "Stage", "by_notebook", "function", "functions"]

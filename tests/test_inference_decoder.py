@@ -1,0 +1,74 @@
+"""labkit.inference.decoder: the capstone GPT's weights as prefill + cached decode, against its own forward."""
+import pytest
+import torch
+
+from labkit.capstone.model import GPT, GPTConfig
+from labkit.inference import Decoder
+from labkit.inference.graphs import DecodeStep
+
+CFG = GPTConfig(vocab=97, seq=48, d_model=48, heads=6, layers=2)
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return GPT(CFG, seed=2).double()
+
+
+def test_prefill_equals_the_gpts_forward(gpt):
+    idx = torch.randint(0, CFG.vocab, (3, 17), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(Decoder(gpt).double()(idx), gpt(idx), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kv_heads", [6, 3, 2, 1])
+def test_cached_decode_equals_recomputing_the_whole_prefix(gpt, kv_heads):
+    dec = Decoder(gpt, kv_heads=kv_heads).double()
+    idx = torch.randint(0, CFG.vocab, (2, 13), generator=torch.Generator().manual_seed(kv_heads))
+    with torch.no_grad():
+        cache = dec.new_cache(2, 30)
+        dec(idx[:, :9], cache)
+        pos = torch.full((2,), 9)
+        for t in range(9, 13):  # feed the true next tokens: logits must equal a full forward's at each position
+            logits = DecodeStep(dec, cache)(idx[:, t], pos)  # fixed shapes: reads all 30 positions, masked
+            torch.testing.assert_close(logits, dec(idx[:, :t + 1])[:, -1], rtol=1e-10, atol=1e-12)
+            pos += 1
+    assert torch.equal(dec.generate(idx, 7), dec.generate(idx, 7, use_cache=False))
+
+
+def test_sequences_at_different_positions_share_a_step(gpt):
+    dec = Decoder(gpt, kv_heads=2).double()
+    a, b = (torch.randint(0, CFG.vocab, (1, n), generator=torch.Generator().manual_seed(n)) for n in (5, 11))
+    with torch.no_grad():
+        cache = dec.new_cache(2, 20)
+        dec(a, cache, torch.tensor([0]))
+        dec(b, cache, torch.tensor([1]))
+        nxt = torch.tensor([3, 4])
+        got = dec.step(nxt, torch.tensor([5, 11]), cache)
+        torch.testing.assert_close(got[0], dec(torch.cat([a[0], nxt[:1]])[None])[0, -1], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(got[1], dec(torch.cat([b[0], nxt[1:]])[None])[0, -1], rtol=1e-10, atol=1e-12)
+
+
+def test_gqa_decoder_equals_mha_with_its_pooled_kv_heads_repeated(gpt):
+    """GQA's k/v projections are each group's mean; an MHA model whose k/v heads repeat them is the same model."""
+    gqa = Decoder(gpt, kv_heads=2).double()
+    mha = Decoder(gpt).double()
+    g, hd = 3, CFG.head_dim
+    with torch.no_grad():
+        for lg, lm in zip(gqa.layers, mha.layers):
+            for name in ("k", "v"):
+                src, dst = getattr(lg, name), getattr(lm, name)
+                dst.weight.copy_(src.weight.view(2, 1, hd, -1).expand(2, g, hd, -1).reshape(CFG.d_model, -1))
+                dst.bias.copy_(src.bias.view(2, 1, hd).expand(2, g, hd).reshape(-1))
+        idx = torch.randint(0, CFG.vocab, (2, 15), generator=torch.Generator().manual_seed(1))
+        torch.testing.assert_close(gqa(idx), mha(idx), rtol=1e-10, atol=1e-12)
+        assert torch.equal(gqa.generate(idx, 5), mha.generate(idx, 5))
+
+
+def test_bad_sizes_say_what_to_do(gpt):
+    with pytest.raises(ValueError, match="must divide"):
+        Decoder(gpt, kv_heads=4)
+    with pytest.raises(ValueError, match="exceed"):
+        Decoder(gpt).double().generate(torch.zeros(1, 40, dtype=torch.long), 20)
+    with pytest.raises(ValueError, match="CUDA"):
+        dec = Decoder(gpt).double()
+        DecodeStep(dec, dec.new_cache(1, 8), "graph")

@@ -1,0 +1,44 @@
+"""labkit.inference.quant: int8 weights within half a scale of the originals; the int8 model's error stays bounded."""
+import torch
+
+from labkit.capstone.model import GPT, GPTConfig
+from labkit.inference import Decoder
+from labkit.inference.quant import Int8Linear, quantize_rows, weight_error
+
+
+def test_rows_round_to_within_half_a_scale_and_the_row_max_is_exact():
+    w = torch.randn(37, 53, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    q, s = quantize_rows(w)
+    assert q.dtype == torch.int8 and q.abs().max() <= 127
+    err = (q.double() * s.double()[:, None] - w).abs()
+    assert (err <= s.double()[:, None] / 2 + 1e-7).all()
+    assert (q.abs().amax(1) == 127).all()
+
+
+def test_int8_linear_equals_its_dequantized_float64_matmul():
+    lin = torch.nn.Linear(29, 41).double()
+    x = torch.randn(3, 5, 29, dtype=torch.float64)
+    m = Int8Linear(lin, torch.float64)
+    ref = x @ (m.q.double() * m.scale[:, None]).T + lin.bias
+    torch.testing.assert_close(m(x), ref.detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_int8_decoder_logit_error_is_bounded_by_twice_the_weights_error():
+    cfg = GPTConfig(vocab=211, seq=64, d_model=64, heads=4, layers=3)
+    dec = Decoder(GPT(cfg, seed=4), kv_heads=2).double()
+    dec8 = dec.int8()
+    idx = torch.randint(0, cfg.vocab, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref, got = dec(idx), dec8(idx)
+    rel = float((got - ref).norm() / ref.norm())
+    w = weight_error(dec, dec8)
+    assert 0 < rel < 2 * w and 1e-3 < w < 2e-2, (rel, w)
+    assert all(isinstance(m, Int8Linear) for m in (dec8.head, dec8.layers[0].q, dec8.layers[1].fc))
+
+
+def test_the_compiled_decode_form_equals_the_matmul_form():
+    lin = torch.nn.Linear(67, 45).double()
+    m = Int8Linear(lin, torch.float64)
+    x = torch.randn(2, 1, 67, dtype=torch.float64)
+    matmul = torch.nn.functional.linear(x, m.q.double())
+    torch.testing.assert_close(m.rowdot(x), matmul, rtol=1e-5, atol=1e-3)  # rowdot sums in float32
