@@ -95,6 +95,21 @@ def pipeline_stages(device: torch.device, stage_bytes: int, stages: int) -> int:
     return max(1, min(stages, (shared_memory(device) - 16 * 1024) // stage_bytes))
 
 
+class PlanCache(dict):
+    """Launch plans by key, e.g. (M, N, dtype, device): worked out on a key's first call, then one dict look-up
+    per call. Emptied past `limit` keys, so a run over many shapes (varying sequence lengths) stays bounded."""
+
+    def __init__(self, limit: int = 1024):
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key, plan):
+        if len(self) >= self.limit:
+            self.clear()
+        self[key] = plan
+        return plan
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for a grid on the host (triton.cdiv is a constexpr function there: a few us a call)."""
     return -(-a // b)
