@@ -421,7 +421,7 @@ def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Time
     return Timed(f"{M}x{N}", lambda: layer_norm(x, w, b),
                  {"eager": lambda: reference(x, w, b),
                   "compile": bind(maybe_compile(reference, use_compile), x, w, b),
-                  "liger": bind(peer("layer_norm"), x, w, b)},
+                  "liger": bind(peer("layer_norm"), x, w, b), "quack": bind(peer("layer_norm", "quack"), x, w, b)},
                  min_bytes((M, N), dtype))
 
 
@@ -454,9 +454,11 @@ def _bench_bwd(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> 
 
 def bench_cases() -> list[BenchCase]:
     sizes = dict(gpu_sizes=("65536x1024", "16384x4096", "8192x8192"), cpu_sizes=("17x129",))
-    fwd = dict(gpu_sizes=("65536x1024", "16384x4096", "8192x8192", "4096x16384"), cpu_sizes=("17x129",))
-    fb = dict(gpu_sizes=("65536x1024", "16384x2048", "16384x4096", "8192x8192", "4096x16384"), cpu_sizes=("17x129",))
+    # issue 39's four shapes (32768x1024, 16384x4096, 8192x8192, 4096x16384) and the ones timed before
+    fwd = dict(gpu_sizes=("32768x1024", "65536x1024", "16384x4096", "8192x8192", "4096x16384"), cpu_sizes=("17x129",))
+    fb = dict(gpu_sizes=("32768x1024", "65536x1024", "16384x2048", "16384x4096", "8192x8192", "4096x16384"),
+              cpu_sizes=("17x129",))
     peers = ("eager", "compile", "liger")
-    return [BenchCase("layer_norm", _bench, **fwd, baselines=peers),
+    return [BenchCase("layer_norm", _bench, **fwd, baselines=(*peers, "quack")),
             BenchCase("layer_norm_bwd", _bench_bwd, **sizes, baselines=peers),
             BenchCase("layer_norm_fb", _bench_fb, **fb, baselines=peers)]

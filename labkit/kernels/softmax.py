@@ -276,11 +276,12 @@ def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Time
     x = randn(M, N, dtype=dtype)
     return Timed(f"{M}x{N}", lambda: softmax(x),
                  {"eager": lambda: reference(x), "compile": bind(maybe_compile(reference, use_compile), x),
-                  "liger": bind(peer("softmax"), x)},
+                  "liger": bind(peer("softmax"), x), "quack": bind(peer("softmax", "quack"), x)},
                  min_bytes((M, N), dtype))
 
 
 def bench_cases() -> list[BenchCase]:
-    return [BenchCase("softmax", _bench, gpu_sizes=("65536x1024", "16384x4096", "4096x16384", "256x65536",
-                                                  "1024x65536", "256x131072"),
-                      cpu_sizes=("17x129",), baselines=("eager", "compile", "liger"))]
+    # issue 39's five shapes (32768x1024 ... 256x131072) and the ones timed before
+    return [BenchCase("softmax", _bench, gpu_sizes=("32768x1024", "65536x1024", "16384x4096", "4096x16384",
+                                                  "256x65536", "1024x65536", "256x131072"),
+                      cpu_sizes=("17x129",), baselines=("eager", "compile", "liger", "quack"))]
