@@ -308,15 +308,15 @@ def _bwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tup
 
 
 def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
-                        rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward kernels alone: (dx, dweight, dbias)."""
+                        rstd: torch.Tensor, stacked: bool = False) -> tuple[torch.Tensor, ...]:
+    """The backward kernels alone: (dx, dweight, dbias), or (dx, dweight and dbias stacked (2, N)) if `stacked`."""
     x2, dy2 = rows_2d(x), rows_2d(dy)
     M, N = x2.shape
     device = x.device
     dx = torch.empty((M, N), dtype=x.dtype, device=device)
     if not (M and N):  # no rows (or no columns): nothing to add up
-        dw, db = torch.zeros((2, N), dtype=weight.dtype, device=device)
-        return dx.view(x.shape), dw, db
+        dwb = torch.zeros((2, N), dtype=weight.dtype, device=device)
+        return (dx.view(x.shape), dwb) if stacked else (dx.view(x.shape), *dwb)
     plan = _bwd_launch(M, N, x.dtype, device)
     if plan[0] == "rows":  # whole rows
         _, grid, programs, tiles, meta = plan
@@ -327,8 +327,9 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         partial = _backward_cluster(dy2, x2, weight, mean, rstd, dx)
         if partial is None:
             partial = _backward_split(dy2, x2, weight, mean, rstd, dx, plan[1])
-    dw, db = sum_partials(partial, weight.dtype)
-    return (dx if x.dim() == 2 else dx.view(x.shape)), dw, db
+    dwb = sum_partials(partial, weight.dtype)
+    dx = dx if x.dim() == 2 else dx.view(x.shape)
+    return (dx, dwb) if stacked else (dx, *dwb)
 
 
 def _backward_split(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
@@ -409,56 +410,3 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     if builds_graph(x, weight, bias):
         return LayerNorm.apply(x, weight, bias, float(eps))
     return layer_norm_forward(x, weight, bias, float(eps))[0]  # no graph to record: no autograd.Function
-
-
-# ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
-from labkit.kernels._bench import BenchCase, Timed, bind, grad_fn, maybe_compile, peer, randn, rows_cols  # noqa: E402
-
-
-def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
-    M, N = rows_cols(dims)
-    x, w, b = randn(M, N, dtype=dtype), randn(N, dtype=dtype), randn(N, dtype=dtype)
-    return Timed(f"{M}x{N}", lambda: layer_norm(x, w, b),
-                 {"eager": lambda: reference(x, w, b),
-                  "compile": bind(maybe_compile(reference, use_compile), x, w, b),
-                  "liger": bind(peer("layer_norm"), x, w, b), "quack": bind(peer("layer_norm", "quack"), x, w, b)},
-                 min_bytes((M, N), dtype))
-
-
-def _grad_inputs(dims: tuple[int, ...], dtype: torch.dtype) -> tuple:
-    """(M, N, x, w, b, dy) for a backward benchmark: x, w, b require grad."""
-    M, N = rows_cols(dims)
-    x, w, b = (randn(M, N, dtype=dtype), randn(N, dtype=dtype), randn(N, dtype=dtype))
-    return (M, N, *(t.requires_grad_(True) for t in (x, w, b)), randn(M, N, dtype=dtype))
-
-
-def _bench_fb(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
-    M, N, x, w, b, dy = _grad_inputs(dims, dtype)
-
-    def fb(fn):  # forward and backward through autograd, as in training
-        return (lambda: torch.autograd.grad(fn(x, w, b), (x, w, b), dy)) if fn is not None else None
-    return Timed(f"{M}x{N}", fb(layer_norm),
-                 {"eager": fb(reference), "compile": fb(maybe_compile(reference, use_compile)),
-                  "liger": fb(peer("layer_norm"))},
-                 min_bytes((M, N), dtype) + min_bytes((M, N), dtype, backward=True))
-
-
-def _bench_bwd(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
-    M, N, x, w, b, dy = _grad_inputs(dims, dtype)
-    return Timed(f"{M}x{N}", grad_fn(layer_norm, (x, w, b), dy),
-                 {"eager": grad_fn(reference, (x, w, b), dy),
-                  "compile": grad_fn(maybe_compile(reference, use_compile), (x, w, b), dy),
-                  "liger": grad_fn(peer("layer_norm"), (x, w, b), dy)},
-                 min_bytes((M, N), dtype, backward=True))
-
-
-def bench_cases() -> list[BenchCase]:
-    sizes = dict(gpu_sizes=("65536x1024", "16384x4096", "8192x8192"), cpu_sizes=("17x129",))
-    # issue 39's four shapes (32768x1024, 16384x4096, 8192x8192, 4096x16384) and the ones timed before
-    fwd = dict(gpu_sizes=("32768x1024", "65536x1024", "16384x4096", "8192x8192", "4096x16384"), cpu_sizes=("17x129",))
-    fb = dict(gpu_sizes=("32768x1024", "65536x1024", "16384x2048", "16384x4096", "8192x8192", "4096x16384"),
-              cpu_sizes=("17x129",))
-    peers = ("eager", "compile", "liger")
-    return [BenchCase("layer_norm", _bench, **fwd, baselines=(*peers, "quack")),
-            BenchCase("layer_norm_bwd", _bench_bwd, **sizes, baselines=peers),
-            BenchCase("layer_norm_fb", _bench_fb, **fb, baselines=peers)]

@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 
 from labkit.kernels.cluster import rtc
-from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, PlanCache, arrive, builds_graph, cdiv, check_tensor, next_pow2,
+from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, PlanCache, arrive, builds_graph, cdiv, check_tensor,
+                                    next_pow2,
                                     num_sms, row_tile, rows_2d, split_exchange, split_ticket, wait_for)
 
 # Longest row kept whole in registers (one read, one write); longer rows are split across programs.
