@@ -194,8 +194,8 @@ def _fmt_num(v: float) -> str:
 
 
 def save(rows: list[Row], path: Path, ceil: labkit.ceilings.Ceilings, timing: str = "events",
-         long_process: list[dict] | None = None) -> list[Path]:
-    """Write PATH.csv, PATH.json and PATH.png (any suffix on PATH is dropped)."""
+         long_process: list[dict] | None = None, plot: bool = True) -> list[Path]:
+    """Write PATH.csv, PATH.json and (if `plot`) PATH.png (any suffix on PATH is dropped)."""
     base = path.with_suffix("") if path.suffix in (".csv", ".json", ".png") else path
     base.parent.mkdir(parents=True, exist_ok=True)
     names = sorted({n for r in rows for n in r.baseline_ms})
@@ -212,8 +212,9 @@ def save(rows: list[Row], path: Path, ceil: labkit.ceilings.Ceilings, timing: st
     base.with_suffix(".json").write_text(json.dumps({"machine": info, "peers": peer_versions(), "ceilings": ceilings,
                                                      "timing": timing, "rows": [asdict(r) for r in rows],
                                                      "long_process": long_process or []}, indent=1))
-    _plot(rows, base.with_suffix(".png"), info)
-    return [base.with_suffix(s) for s in (".csv", ".json", ".png")]
+    if plot:
+        _plot(rows, base.with_suffix(".png"), info)
+    return [base.with_suffix(s) for s in (".csv", ".json", ".png")[:3 if plot else 2]]
 
 
 def _plot(rows: list[Row], path: Path, info: dict) -> None:
@@ -340,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_kernel(case, sizes, dtypes, use_compile, ceil, args.cuda_graph)
         print(table(case, rows) if rows else f"{case.name}: no size ran (see the lines above)", "\n", flush=True)
         all_rows += rows
+        if args.save and rows:  # what ran so far stays saved if a long run is cut off
+            save(all_rows, args.save, ceil, timing, plot=False)
     long_process = []
     if args.long_process and all_rows:
         first = all_rows[0]
