@@ -91,13 +91,18 @@ def host_us(fn, quick_cpu: bool) -> float:
     """Microseconds the host takes to issue one call of fn: HOST_CALLS calls timed with the host clock behind a
     GPU sleep long enough that no call waits for the GPU (nor for a full launch queue); median of HOST_REPEATS.
     On a CPU the call does its work, so this is its whole time."""
+    t0 = time.perf_counter()
     fn()
+    first_s = time.perf_counter() - t0
     calls, repeats = (2, 1) if quick_cpu else (HOST_CALLS, HOST_REPEATS)  # the interpreter is slow: a smoke test
+    # GPU cycles (~2 GHz) to sleep: three times what issuing the calls took the first time, 25 to 500 ms (the
+    # callers time fn first, so its first call here compiles nothing)
+    cycles = int(2e9 * min(0.5, max(0.025, 3 * calls * first_s)))
     samples = []
     for _ in range(repeats):
         if not quick_cpu:
             torch.cuda.synchronize()
-            torch.cuda._sleep(50_000_000)  # ~25 ms of GPU cycles at ~2 GHz: longer than the calls take to issue
+            torch.cuda._sleep(cycles)  # the GPU stays busy while the calls are issued: none waits for it
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
