@@ -28,6 +28,12 @@ def _triton_patch():
     return mod, getattr(mod, "_patch_lang_tensor", None)
 
 
+def _clear_kernel_plans() -> None:
+    common = sys.modules.get("labkit.kernels._common")  # (not imported here: that would import triton)
+    if common is not None and hasattr(common, "clear_plans"):
+        common.clear_plans()
+
+
 @pytest.fixture(autouse=True)
 def restore_global_state():
     """Undo what a test did to the environment (TRITON_INTERPRET, LABKIT_*), labkit's device, torch's
@@ -39,7 +45,9 @@ def restore_global_state():
                    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     gpu = torch.cuda.current_device() if torch.cuda.is_initialized() else None
     _, hook = _triton_patch()
+    _clear_kernel_plans()  # a test that patches a kernel's tuning table must get plans made from it
     yield
+    _clear_kernel_plans()
     for key in set(os.environ) - set(env):
         del os.environ[key]
     os.environ.update({k: v for k, v in env.items() if os.environ.get(k) != v})

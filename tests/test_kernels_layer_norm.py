@@ -215,3 +215,22 @@ def test_cluster_backward_leaves_unaligned_rows_to_triton(poison_outputs, close6
         assert mod._backward_cluster(x, x, randn(x.shape[1]), torch.zeros(5, device=DEV), torch.ones(5, device=DEV),
                                      dx) is None
         check_kernels(x, randn(x.shape[1]), randn(x.shape[1]), randn(*x.shape), close64, sums_scale=20)
+
+
+def test_launch_plans_are_cached_per_kind_of_call_until_cleared(monkeypatch, close64):
+    # A plan is worked out once per (M, N, dtype, device); changing a tuning table takes clear_plans(), which the
+    # test set-up calls around every test (so a test that patches a table gets plans made from it).
+    from labkit.kernels._common import clear_plans
+    mod = kernels.modules()["layer_norm"]
+    x, w, b = randn(7, 33), randn(33), randn(33)
+    layer_norm_forward(x, w, b)
+    key = (7, 33, torch.float32, x.device)
+    grid, _, meta = mod._FWD_PLANS[key]
+    assert meta["STAGES"] == 0  # whole-row tiles
+    monkeypatch.setattr(mod, "FWD_WIDE", (16, 4, 3))  # rows of 16+ columns now take the wide-row loop
+    layer_norm_forward(x, w, b)
+    assert mod._FWD_PLANS[key][2]["STAGES"] == 0  # the cached plan, until cleared
+    clear_plans()
+    y, _, _ = layer_norm_forward(x, w, b)
+    assert mod._FWD_PLANS[key][2]["STAGES"] > 0 and mod._FWD_PLANS[key][0] == (min(7, mod.num_sms(x.device)),)
+    close64(y, kernels.layer_norm.reference(x.double(), w.double(), b.double()))

@@ -44,7 +44,8 @@ def test_bench_runs_two_kernels_and_saves_the_same_columns(tmp_path, capsys):
     matmul_rows = [r for r in rows[1:] if r[0] == "matmul"]
     assert all(r[1] == "33x33x33" and r[6] == "TFLOP/s" for r in matmul_rows)
     saved = json.loads((tmp_path / "b.json").read_text())
-    assert set(saved) == {"machine", "peers", "ceilings", "timing", "rows"} and saved["timing"] == "events"
+    assert set(saved) == {"machine", "peers", "ceilings", "timing", "rows", "long_process"}
+    assert saved["timing"] == "events"
     assert list(saved["rows"][0]["baseline_ms"]) == ["eager", "compile"]
     assert saved["ceilings"]["copy_gbps"] > 0 and saved["machine"]["torch"] == torch.__version__
 
@@ -56,7 +57,7 @@ def test_peers_are_absent_without_a_gpu_and_their_column_is_dropped(monkeypatch,
     with monkeypatch.context() as m:
         m.setattr(device, "current", lambda: types.SimpleNamespace(is_gpu=False))
         assert _bench.peer("softmax") is None  # a CPU has no production kernel to compare with
-    monkeypatch.setattr(softmax, "peer", lambda name: None)  # as on a GPU host without Liger-Kernel
+    monkeypatch.setattr(softmax, "peer", lambda name, source="liger": None)  # a GPU host without the peers
     assert bench.main(["softmax", "--sizes", "5x33"]) == 0
     out = capsys.readouterr().out
     assert "vs eager" in out and "vs liger" not in out
@@ -124,3 +125,47 @@ def test_grad_fn_builds_its_forward_once_on_the_first_call():
         (g,) = backward()
         assert torch.equal(g, torch.full((5,), 3.0))
     assert calls == [1]
+
+
+def test_host_time_columns_and_the_long_process_check(tmp_path, capsys):
+    # Each row carries labkit's host time per call and eager's; --long-process times the first case again last.
+    args = ["softmax", "vector_add", "--sizes", "3x17", "--long-process", "--save", str(tmp_path / "b")]
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert "host us" in out and "eager host us" in out
+    assert "long process: softmax 3x17 fp32, fresh vs after all the others" in out
+    saved = json.loads((tmp_path / "b.json").read_text())
+    soft = [r for r in saved["rows"] if r["kernel"] == "softmax"][0]
+    assert soft["host_us"] > 0 and soft["baseline_host_us"]["eager"] > 0
+    fresh, later = saved["long_process"]
+    assert (fresh["when"], later["when"]) == ("fresh", "after all others")
+    assert fresh["kernel"] == later["kernel"] == "softmax" and fresh["shape"] == later["shape"] == "3x17"
+
+
+def test_long_process_table_gives_each_ratio():
+    def entry(ms, host, eager_ms, eager_host):
+        return {"kernel": "layer_norm", "shape": "8x8", "dtype": "bf16", "ms": ms, "host_us": host,
+                "baseline_ms": {"eager": eager_ms, "liger": None}, "baseline_host_us": {"eager": eager_host}}
+    text = bench.long_process_table([entry(0.1, 100.0, 0.2, 50.0), entry(0.25, 300.0, 0.2, 50.0)])
+    lines = {line.split()[0] + (" host" if "host" in line else ""): line for line in text.splitlines()[2:]}
+    assert lines["labkit"].endswith("2.50x") and lines["labkit host"].endswith("3.00x")
+    assert lines["eager"].endswith("1.00x") and lines["eager host"].endswith("1.00x")
+    assert "liger" not in text  # a peer without both times has no line
+
+
+def test_table_shows_host_us_beside_eager_and_na_where_unmeasured():
+    case = BenchCase("k", lambda *a: None, ("8",), ("8",))
+    rows = [bench.Row("k", "8", "fp32", 0.01, 0.0, 1.0, "GB/s", 2.0, 0.5, {"eager": 0.02, "compile": None},
+                      {"eager": 2.0, "compile": None}, 12.5, {"eager": 7.25}),
+            bench.Row("k", "16", "fp32", 0.01, 0.0, 1.0, "GB/s", 2.0, 0.5, {"eager": 0.02, "compile": None},
+                      {"eager": 2.0, "compile": None})]
+    head, first, second = bench.table(case, rows).splitlines()[1:]
+    assert head.split()[-6:] == ["eager", "host", "us", "eager", "host", "us"]  # "vs eager", "host us", "eager host us"
+    assert first.split()[-2:] == ["12.5", "7.2"] and second.split()[-2:] == ["n/a", "n/a"]
+
+
+def test_quack_and_liger_peers_are_none_without_a_gpu(monkeypatch):
+    from labkit import device
+    from labkit.kernels import _bench
+    monkeypatch.setattr(device, "current", lambda: types.SimpleNamespace(is_gpu=False))
+    assert _bench.peer("softmax", "quack") is None and _bench.peer("layer_norm", "liger") is None

@@ -25,7 +25,7 @@ KERNELS: dict[str, str] = {
 ATTRIBUTES = ("reference", "min_bytes", "flops")  # each function carries its module's counts and reference
 # A kernel's bench cases (bench_cases(), labkit/kernels/_bench.py) end its own module, or live in the module
 # named here when they bring a harness of their own.
-BENCH_MODULES: dict[str, str] = {"attention": "attention_bench"}
+BENCH_MODULES: dict[str, str] = {"attention": "attention_bench", "layer_norm": "layer_norm_bench"}
 
 _modules: dict[str, ModuleType] = {}
 for _module, _public in KERNELS.items():

@@ -80,30 +80,54 @@ def randn(*shape: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(*shape, device=current().device, dtype=dtype)
 
 
-def peer(name: str):
-    """A production kernel to compare with, from Liger-Kernel (`pip install labkit[peers]`), or None.
+def peer(name: str, source: str = "liger"):
+    """A production kernel to compare with (`pip install labkit[peers]`), or None where it is not installed.
 
-    name: "softmax" (x) or "layer_norm" (x, weight, bias); None without Liger-Kernel or a GPU.
+    source "liger" (Liger-Kernel's Triton kernels): name "softmax" (x) or "layer_norm" (x, weight, bias).
+    source "quack" (quack's CuTe-DSL kernels): "softmax" (x) or "layer_norm" (x, weight, bias; forward only,
+    weight and bias converted to fp32 once, as quack asks). None without the package or a GPU.
     """
     from labkit.device import current
     if not current().is_gpu:
         return None
+    if name not in ("softmax", "layer_norm") or source not in ("liger", "quack"):
+        raise ValueError(f"peer: no production kernel named {name!r} from {source!r}")
     try:
+        if source == "quack":
+            if name == "softmax":
+                from quack.softmax import softmax as quack_softmax
+                return quack_softmax
+            from quack.rmsnorm import layernorm_fwd
+            return _quack_layer_norm(layernorm_fwd)
         if name == "softmax":
             from liger_kernel.ops.softmax import LigerSoftmaxFunction
             return LigerSoftmaxFunction.apply
-        if name == "layer_norm":
-            from liger_kernel.ops.layer_norm import LigerLayerNormFunction
-            return lambda x, w, b, eps=1e-5: LigerLayerNormFunction.apply(x, w, b, eps)
-    except ImportError:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+        return lambda x, w, b, eps=1e-5: LigerLayerNormFunction.apply(x, w, b, eps)
+    except Exception:  # not installed, or its import fails on this GPU/driver (quack needs CUTLASS's DSL)
         return None
-    raise ValueError(f"peer: no production kernel named {name!r}")
+
+
+def _quack_layer_norm(layernorm_fwd):
+    """quack's layer norm forward on (rows, N) views, with fp32 weight and bias converted at the first call."""
+    fp32 = {}
+
+    def call(x, w, b, eps=1e-5):
+        if w.requires_grad or b.requires_grad:
+            raise ValueError("quack's layer norm has no autograd backward")
+        if not fp32:
+            fp32.update(w=w.float(), b=b.float())
+        return layernorm_fwd(x.reshape(-1, x.shape[-1]), fp32["w"], fp32["b"], eps)
+    return call
 
 
 def peer_versions() -> dict[str, str]:
     """Versions of the installed peers (for saved results)."""
     from importlib import metadata
-    try:
-        return {"liger-kernel": metadata.version("liger-kernel")}
-    except metadata.PackageNotFoundError:
-        return {}
+    found = {}
+    for package in ("liger-kernel", "quack-kernels"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return found

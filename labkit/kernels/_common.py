@@ -95,6 +95,32 @@ def pipeline_stages(device: torch.device, stage_bytes: int, stages: int) -> int:
     return max(1, min(stages, (shared_memory(device) - 16 * 1024) // stage_bytes))
 
 
+class PlanCache(dict):
+    """Launch plans by key, e.g. (M, N, dtype, device): worked out on a key's first call, then one dict look-up
+    per call. Emptied past `limit` keys, so a run over many shapes (varying sequence lengths) stays bounded.
+    A plan reads the module's tuning tables (FWD_TILE, SPLIT_CHUNK...): whoever changes one at run time (a
+    sweep, a test's monkeypatch) calls clear_plans() first, or calls of shapes seen before keep the old plan."""
+
+    caches: list[PlanCache] = []
+
+    def __init__(self, limit: int = 1024):
+        super().__init__()
+        self.limit = limit
+        PlanCache.caches.append(self)
+
+    def put(self, key, plan):
+        if len(self) >= self.limit:
+            self.clear()
+        self[key] = plan
+        return plan
+
+
+def clear_plans() -> None:
+    """Forget every kernel's cached launch plans (after changing a tuning table)."""
+    for cache in PlanCache.caches:
+        cache.clear()
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for a grid on the host (triton.cdiv is a constexpr function there: a few us a call)."""
     return -(-a // b)

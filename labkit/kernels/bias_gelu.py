@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (INTERPRETED, cdiv, check_same_device, check_same_dtype, check_tensor,
+from labkit.kernels._common import (INTERPRETED, PlanCache, cdiv, check_same_device, check_same_dtype, check_tensor,
                                     next_pow2, num_sms, pipeline_stages, rows_2d, sum_partials)
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -103,17 +103,43 @@ def _tiles(n_cols: int, tile: tuple[int, int, int]) -> tuple[int, int, int]:
     return block_m, block_n, 1 if INTERPRETED else warps
 
 
+# Launch plans by (M, N, dtype, device), worked out on a kind of call's first call.
+_FWD_PLANS, _BWD_PLANS = PlanCache(), PlanCache()
+
+
+def _fwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[tuple, dict]:
+    key = (M, N, dtype, device)
+    found = _FWD_PLANS.get(key)
+    if found is None:
+        bm, bn, warps = _tiles(N, FWD_TILE)
+        found = _FWD_PLANS.put(key, ((cdiv(M, bm), cdiv(N, bn)), dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)))
+    return found
+
+
+def _bwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[tuple, int, int, dict]:
+    """(grid, programs per column block, row tiles, constexprs and num_warps) of the backward."""
+    key = (M, N, dtype, device)
+    found = _BWD_PLANS.get(key)
+    if found is None:
+        bm, bn, warps = _tiles(N, BWD_TILE[dtype])
+        row_tiles, col_tiles = cdiv(M, bm), cdiv(N, bn)
+        # Enough programs to fill the GPU a few times over, each summing many rows: few partial rows.
+        programs = max(1, min(row_tiles, BWD_PROGRAMS_PER_SM[dtype] * num_sms(device) // col_tiles))
+        stages = pipeline_stages(device, 2 * bm * bn * dtype.itemsize, BWD_STAGES)  # dy and x of a tile
+        found = _BWD_PLANS.put(key, ((programs, col_tiles), programs, row_tiles,
+                                     dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)))
+    return found
+
+
 def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """The forward kernel alone (no autograd): gelu_tanh(x + bias)."""
     x2 = rows_2d(x)
     M, N = x2.shape
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if x2.numel():
-        bm, bn, warps = _tiles(N, FWD_TILE)
-        grid = (cdiv(M, bm), cdiv(N, bn))
-        bias_gelu_fwd_kernel[grid](x2, bias, y, M, N, x2.stride(0), y.stride(0),
-                                   BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
-    return y.view(x.shape)
+    if M and N:
+        grid, meta = _fwd_launch(M, N, x.dtype, x.device)
+        bias_gelu_fwd_kernel[grid](x2, bias, y, M, N, x2.stride(0), N, **meta)
+    return y if x.dim() == 2 else y.view(x.shape)
 
 
 def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,19 +147,13 @@ def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) ->
     x2, dy2 = rows_2d(x), rows_2d(dy)
     M, N = x2.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    bm, bn, warps = _tiles(N, BWD_TILE[x.dtype])
-    row_tiles, col_tiles = cdiv(M, bm), cdiv(N, bn)
-    # Enough programs to fill the GPU a few times over, each summing many rows: few partial rows.
-    programs = max(1, min(row_tiles, BWD_PROGRAMS_PER_SM[x.dtype] * num_sms(x.device) // col_tiles))
-    partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
-    if x2.numel():
-        stages = pipeline_stages(x.device, 2 * bm * bn * x.element_size(), BWD_STAGES)  # dy and x of a tile
-        bias_gelu_bwd_kernel[(programs, col_tiles)](dy2, x2, bias, dx, partial, M, N,
-                                                    dy2.stride(0), x2.stride(0), dx.stride(0), row_tiles, programs,
-                                                    BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)
-    else:
-        partial.zero_()
-    return dx.view(x.shape), sum_partials(partial[None], bias.dtype)[0]
+    if not (M and N):
+        return dx.view(x.shape), torch.zeros(N, dtype=bias.dtype, device=x.device)
+    grid, programs, row_tiles, meta = _bwd_launch(M, N, x.dtype, x.device)
+    partial = torch.empty((1, programs, N), dtype=torch.float32, device=x.device)
+    bias_gelu_bwd_kernel[grid](dy2, x2, bias, dx, partial, M, N, dy2.stride(0), x2.stride(0), N, row_tiles,
+                               programs, **meta)
+    return (dx if x.dim() == 2 else dx.view(x.shape)), sum_partials(partial, bias.dtype)[0]
 
 
 class BiasGelu(torch.autograd.Function):

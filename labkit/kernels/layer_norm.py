@@ -25,9 +25,10 @@ import triton
 import triton.language as tl
 
 from labkit.kernels.cluster import rtc
-from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, arrive, cdiv, check_same_device, check_same_dtype,
-                                    check_tensor, next_pow2, num_sms, pipeline_stages, row_tile, rows_2d,
-                                    split_exchange, split_ticket, sum_partials, wait_for)
+from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, PlanCache, arrive, builds_graph, cdiv,
+                                    check_same_device, check_same_dtype, check_tensor, next_pow2, num_sms,
+                                    pipeline_stages, row_tile, rows_2d, split_exchange, split_ticket, sum_partials,
+                                    wait_for)
 
 MAX_COLS = 16384  # a whole row is held in registers
 
@@ -261,43 +262,74 @@ def _split_plan(M: int, N: int, device: torch.device) -> tuple[int, int, int, in
     return chunk, splits, max(1, min(M, per_sm * num_sms(device) // splits)), 1 if INTERPRETED else warps
 
 
+# Launch plans by (M, N, dtype, device): the plan functions above run once per kind of call, not per call.
+_FWD_PLANS, _BWD_PLANS = PlanCache(), PlanCache()
+
+
+def _fwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[tuple, int, dict]:
+    """(grid, row tiles, constexprs and num_warps) of the forward, from _fwd_plan, cached."""
+    key = (M, N, dtype, device)
+    found = _FWD_PLANS.get(key)
+    if found is None:
+        programs, bm, bn, warps, stages = _fwd_plan(M, N, dtype, device)
+        found = _FWD_PLANS.put(key, ((programs,), cdiv(M, bm),
+                                     dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)))
+    return found
+
+
 def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5):
     """The forward kernel alone: (y, mean, rstd), the last two fp32 per row (for the backward)."""
     x2 = rows_2d(x)
     M, N = x2.shape
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    mean = torch.empty(M, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
-    if x2.numel():
-        programs, bm, bn, warps, stages = _fwd_plan(M, N, x.dtype, x.device)
-        layer_norm_fwd_kernel[(programs,)](x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), y.stride(0), eps,
-                                           cdiv(M, bm), BLOCK_M=bm, BLOCK_N=bn, STAGES=stages,
-                                           num_warps=warps)
-    return y.view(x.shape), mean, rstd
+    device = x.device
+    y = torch.empty((M, N), dtype=x.dtype, device=device)
+    mean = torch.empty(M, dtype=torch.float32, device=device)
+    rstd = torch.empty(M, dtype=torch.float32, device=device)
+    if M and N:
+        grid, tiles, meta = _fwd_launch(M, N, x.dtype, device)
+        layer_norm_fwd_kernel[grid](x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), N, eps, tiles, **meta)
+    return (y if x.dim() == 2 else y.view(x.shape)), mean, rstd
+
+
+def _bwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple:
+    """("split", _split_plan) for split rows, else ("rows", grid, programs, row tiles, constexprs), cached."""
+    key = (M, N, dtype, device)
+    found = _BWD_PLANS.get(key)
+    if found is None:
+        split = _split_plan(M, N, device)
+        if split is not None:
+            found = ("split", split)
+        else:
+            programs, bm, bn, warps, stages = _bwd_plan(M, N, dtype, device)
+            found = ("rows", (programs,), programs, cdiv(M, bm),
+                     dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps))
+        _BWD_PLANS.put(key, found)
+    return found
 
 
 def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
-                        rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward kernels alone: (dx, dweight, dbias)."""
+                        rstd: torch.Tensor, stacked: bool = False) -> tuple[torch.Tensor, ...]:
+    """The backward kernels alone: (dx, dweight, dbias), or (dx, dweight and dbias stacked (2, N)) if `stacked`."""
     x2, dy2 = rows_2d(x), rows_2d(dy)
     M, N = x2.shape
-    dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if not x2.numel():  # no rows (or no columns): nothing to add up
-        dw, db = torch.zeros((2, N), dtype=weight.dtype, device=x.device)
-        return dx.view(x.shape), dw, db
-    plan = _split_plan(M, N, x.device)
-    if plan is None:  # whole rows
-        programs, bm, bn, warps, stages = _bwd_plan(M, N, x.dtype, x.device)
-        partial = torch.empty((2, programs, N), dtype=torch.float32, device=x.device)
-        layer_norm_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
-                                           dy2.stride(0), x2.stride(0), dx.stride(0), cdiv(M, bm), BLOCK_M=bm,
-                                           BLOCK_N=bn, STAGES=stages, num_warps=warps)
+    device = x.device
+    dx = torch.empty((M, N), dtype=x.dtype, device=device)
+    if not (M and N):  # no rows (or no columns): nothing to add up
+        dwb = torch.zeros((2, N), dtype=weight.dtype, device=device)
+        return (dx.view(x.shape), dwb) if stacked else (dx.view(x.shape), *dwb)
+    plan = _bwd_launch(M, N, x.dtype, device)
+    if plan[0] == "rows":  # whole rows
+        _, grid, programs, tiles, meta = plan
+        partial = torch.empty((2, programs, N), dtype=torch.float32, device=device)
+        layer_norm_bwd_kernel[grid](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
+                                    dy2.stride(0), x2.stride(0), N, tiles, **meta)
     else:  # split rows: the cluster kernel where it can run, else Triton's split kernel
         partial = _backward_cluster(dy2, x2, weight, mean, rstd, dx)
         if partial is None:
-            partial = _backward_split(dy2, x2, weight, mean, rstd, dx, plan)
-    dw, db = sum_partials(partial, weight.dtype)
-    return dx.view(x.shape), dw, db
+            partial = _backward_split(dy2, x2, weight, mean, rstd, dx, plan[1])
+    dwb = sum_partials(partial, weight.dtype)
+    dx = dx if x.dim() == 2 else dx.view(x.shape)
+    return (dx, dwb) if stacked else (dx, *dwb)
 
 
 def _backward_split(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
@@ -368,61 +400,13 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
         raise ValueError("layer_norm: x must have at least one dimension; got a 0-d tensor.")
     N = x.shape[-1]
     for name, t in (("weight", weight), ("bias", bias)):
-        if t.shape != (N,):
+        if t.dim() != 1 or t.shape[0] != N:  # (ints, not t.shape != (N,): a Size compare costs microseconds)
             raise ValueError(f"layer_norm: {name} must have shape (x.shape[-1],) = ({N},); got {tuple(t.shape)} "
                              f"for x of shape {tuple(x.shape)}.")
     if N > MAX_COLS:
         raise ValueError(f"layer_norm: rows of {N} elements are longer than this kernel's limit of {MAX_COLS}; "
                          f"use torch.nn.functional.layer_norm for them.")
-    return LayerNorm.apply(x, weight.contiguous(), bias.contiguous(), float(eps))
-
-
-# ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
-from labkit.kernels._bench import BenchCase, Timed, bind, grad_fn, maybe_compile, peer, randn, rows_cols  # noqa: E402
-
-
-def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
-    M, N = rows_cols(dims)
-    x, w, b = randn(M, N, dtype=dtype), randn(N, dtype=dtype), randn(N, dtype=dtype)
-    return Timed(f"{M}x{N}", lambda: layer_norm(x, w, b),
-                 {"eager": lambda: reference(x, w, b),
-                  "compile": bind(maybe_compile(reference, use_compile), x, w, b),
-                  "liger": bind(peer("layer_norm"), x, w, b)},
-                 min_bytes((M, N), dtype))
-
-
-def _grad_inputs(dims: tuple[int, ...], dtype: torch.dtype) -> tuple:
-    """(M, N, x, w, b, dy) for a backward benchmark: x, w, b require grad."""
-    M, N = rows_cols(dims)
-    x, w, b = (randn(M, N, dtype=dtype), randn(N, dtype=dtype), randn(N, dtype=dtype))
-    return (M, N, *(t.requires_grad_(True) for t in (x, w, b)), randn(M, N, dtype=dtype))
-
-
-def _bench_fb(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
-    M, N, x, w, b, dy = _grad_inputs(dims, dtype)
-
-    def fb(fn):  # forward and backward through autograd, as in training
-        return (lambda: torch.autograd.grad(fn(x, w, b), (x, w, b), dy)) if fn is not None else None
-    return Timed(f"{M}x{N}", fb(layer_norm),
-                 {"eager": fb(reference), "compile": fb(maybe_compile(reference, use_compile)),
-                  "liger": fb(peer("layer_norm"))},
-                 min_bytes((M, N), dtype) + min_bytes((M, N), dtype, backward=True))
-
-
-def _bench_bwd(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
-    M, N, x, w, b, dy = _grad_inputs(dims, dtype)
-    return Timed(f"{M}x{N}", grad_fn(layer_norm, (x, w, b), dy),
-                 {"eager": grad_fn(reference, (x, w, b), dy),
-                  "compile": grad_fn(maybe_compile(reference, use_compile), (x, w, b), dy),
-                  "liger": grad_fn(peer("layer_norm"), (x, w, b), dy)},
-                 min_bytes((M, N), dtype, backward=True))
-
-
-def bench_cases() -> list[BenchCase]:
-    sizes = dict(gpu_sizes=("65536x1024", "16384x4096", "8192x8192"), cpu_sizes=("17x129",))
-    fwd = dict(gpu_sizes=("65536x1024", "16384x4096", "8192x8192", "4096x16384"), cpu_sizes=("17x129",))
-    fb = dict(gpu_sizes=("65536x1024", "16384x2048", "16384x4096", "8192x8192", "4096x16384"), cpu_sizes=("17x129",))
-    peers = ("eager", "compile", "liger")
-    return [BenchCase("layer_norm", _bench, **fwd, baselines=peers),
-            BenchCase("layer_norm_bwd", _bench_bwd, **sizes, baselines=peers),
-            BenchCase("layer_norm_fb", _bench_fb, **fb, baselines=peers)]
+    weight, bias = weight.contiguous(), bias.contiguous()
+    if builds_graph(x, weight, bias):
+        return LayerNorm.apply(x, weight, bias, float(eps))
+    return layer_norm_forward(x, weight, bias, float(eps))[0]  # no graph to record: no autograd.Function

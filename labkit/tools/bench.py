@@ -12,6 +12,9 @@ GPU spends on the flush and the call. --cuda-graph times replays of a CUDA graph
 (every column alike): the GPU's time alone.
 On a machine without a GPU it runs tiny sizes through the Triton interpreter (a smoke test:
 the times mean nothing there).
+Beside each time, "host us" is what issuing one call costs the host (microseconds, the GPU kept busy so
+nothing waits on it), with eager PyTorch's beside it. `--long-process` times the first case again after
+all the others (in one long process, as a training run calls it) and prints both.
 """
 from __future__ import annotations
 
@@ -19,7 +22,9 @@ import argparse
 import csv
 import json
 import math
-from dataclasses import asdict, dataclass
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,6 +50,8 @@ class Row:
     fraction: float | None
     baseline_ms: dict[str, float | None]
     speedup: dict[str, float | None]
+    host_us: float | None = None  # the host's time to issue one call (see host_us)
+    baseline_host_us: dict[str, float | None] = field(default_factory=dict)
 
 
 def bench_cases() -> dict[str, BenchCase]:
@@ -77,6 +84,34 @@ def _time(fn, quick_cpu: bool, cuda_graph: bool = False) -> Timing:
     return bench(fn, cuda_graph=cuda_graph)
 
 
+HOST_CALLS, HOST_REPEATS = 20, 5  # calls issued back to back per sample, samples (median)
+
+
+def host_us(fn, quick_cpu: bool) -> float:
+    """Microseconds the host takes to issue one call of fn: HOST_CALLS calls timed with the host clock behind a
+    GPU sleep long enough that no call waits for the GPU (nor for a full launch queue); median of HOST_REPEATS.
+    On a CPU the call does its work, so this is its whole time."""
+    t0 = time.perf_counter()
+    fn()
+    first_s = time.perf_counter() - t0
+    calls, repeats = (2, 1) if quick_cpu else (HOST_CALLS, HOST_REPEATS)  # the interpreter is slow: a smoke test
+    # GPU cycles (~2 GHz) to sleep: three times what issuing the calls took the first time, 25 to 500 ms (the
+    # callers time fn first, so its first call here compiles nothing)
+    cycles = int(2e9 * min(0.5, max(0.025, 3 * calls * first_s)))
+    samples = []
+    for _ in range(repeats):
+        if not quick_cpu:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(cycles)  # the GPU stays busy while the calls are issued: none waits for it
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    if not quick_cpu:
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
 def _ceiling(ceil, case: BenchCase, dtype_name: str) -> float | None:
     return ceil.matmul_tflops.get(dtype_name) if case.unit == "TFLOP/s" else ceil.copy_gbps
 
@@ -103,36 +138,49 @@ def run_kernel(case: BenchCase, sizes: list[str], dtypes: list[str], use_compile
                 tqdm.write(f"{case.name} {timed.shape} {dtype_name}: skipped, a CUDA graph cannot capture it: "
                            f"{str(exc).splitlines()[0][:120]}")
                 continue
-            base = {}
+            base, base_host = {}, {}
             for name in case.baselines:
                 fn = timed.baselines.get(name)
                 try:
                     base[name] = _time(fn, quick_cpu, cuda_graph).median_ms if fn is not None else None
+                    if name in HOST_PEERS and fn is not None:
+                        base_host[name] = host_us(fn, quick_cpu)
                 except Exception as exc:  # a baseline that cannot run here (e.g. torch.compile without a compiler)
                     tqdm.write(f"{case.name} {timed.shape} {dtype_name}: {name} baseline failed: "
                                f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
                     base[name] = None
-        rate = (labkit.tflops if case.unit == "TFLOP/s" else labkit.gbps)(timed.work, t.median_ms)
-        c = _ceiling(ceil, case, dtype_name)
-        rows.append(Row(case.name, timed.shape, dtype_name, t.median_ms, t.spread, rate, case.unit, c,
-                        rate / c if c else None, base,
-                        {k: (v / t.median_ms if v else None) for k, v in base.items()}))
+            mine_host = host_us(timed.triton, quick_cpu)
+        rows.append(make_row(case, timed.shape, dtype_name, t, timed.work, ceil, base, mine_host, base_host))
         del timed
         if labkit.current().is_gpu:
             torch.cuda.empty_cache()
     return rows
 
 
+HOST_PEERS = ("eager", "torch")  # the PyTorch ops whose host time the table shows beside labkit's
+
+
+def make_row(case: BenchCase, shape: str, dtype_name: str, t: Timing, work: float, ceil, base: dict,
+             mine_host: float | None = None, base_host: dict | None = None) -> Row:
+    rate = (labkit.tflops if case.unit == "TFLOP/s" else labkit.gbps)(work, t.median_ms)
+    c = _ceiling(ceil, case, dtype_name)
+    return Row(case.name, shape, dtype_name, t.median_ms, t.spread, rate, case.unit, c, rate / c if c else None,
+               base, {k: (v / t.median_ms if v else None) for k, v in base.items()}, mine_host, base_host or {})
+
+
 def table(case: BenchCase, rows: list[Row]) -> str:
     kernel, unit = case.name, case.unit
     # A peer that is not installed here (every row None) gets no column.
     names = [n for n in case.baselines if n in ("eager", "torch") or any(r.baseline_ms.get(n) for r in rows)]
-    head = ["shape", "dtype", "time", unit, "of ceiling", "spread"] + [f"vs {n}" for n in names]
+    hosts = [n for n in HOST_PEERS if any(r.baseline_host_us.get(n) for r in rows)]
+    head = (["shape", "dtype", "time", unit, "of ceiling", "spread"] + [f"vs {n}" for n in names]
+            + ["host us"] + [f"{n} host us" for n in hosts])
     body = []
     for r in rows:
         body.append([r.shape, r.dtype, format_ms(r.ms), _fmt_num(r.rate),
                      f"{r.fraction:.0%}" if r.fraction is not None else "n/a", f"{r.spread:.1%}"]
-                    + [f"{_fmt_num(r.speedup[n])}x" if r.speedup.get(n) else "n/a" for n in names])
+                    + [f"{_fmt_num(r.speedup[n])}x" if r.speedup.get(n) else "n/a" for n in names]
+                    + [_fmt_us(r.host_us)] + [_fmt_us(r.baseline_host_us.get(n)) for n in hosts])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
     ceiling = "copy bandwidth" if unit == "GB/s" else "matmul rate of that dtype"
     lines = [f"{kernel}  (rate from the minimum bytes/FLOPs; ceiling: this machine's {ceiling}; "
@@ -142,12 +190,17 @@ def table(case: BenchCase, rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _fmt_us(v: float | None) -> str:
+    return f"{v:.1f}" if v is not None else "n/a"
+
+
 def _fmt_num(v: float) -> str:
     return f"{v:,.1f}" if v >= 100 else f"{v:.3g}"
 
 
-def save(rows: list[Row], path: Path, ceil: labkit.ceilings.Ceilings, timing: str = "events") -> list[Path]:
-    """Write PATH.csv, PATH.json and PATH.png (any suffix on PATH is dropped)."""
+def save(rows: list[Row], path: Path, ceil: labkit.ceilings.Ceilings, timing: str = "events",
+         long_process: list[dict] | None = None, plot: bool = True) -> list[Path]:
+    """Write PATH.csv, PATH.json and (if `plot`) PATH.png (any suffix on PATH is dropped)."""
     base = path.with_suffix("") if path.suffix in (".csv", ".json", ".png") else path
     base.parent.mkdir(parents=True, exist_ok=True)
     names = sorted({n for r in rows for n in r.baseline_ms})
@@ -162,9 +215,11 @@ def save(rows: list[Row], path: Path, ceil: labkit.ceilings.Ceilings, timing: st
     from labkit.kernels._bench import peer_versions
     ceilings = asdict(ceil)  # the ones the rows were measured against
     base.with_suffix(".json").write_text(json.dumps({"machine": info, "peers": peer_versions(), "ceilings": ceilings,
-                                                     "timing": timing, "rows": [asdict(r) for r in rows]}, indent=1))
-    _plot(rows, base.with_suffix(".png"), info)
-    return [base.with_suffix(s) for s in (".csv", ".json", ".png")]
+                                                     "timing": timing, "rows": [asdict(r) for r in rows],
+                                                     "long_process": long_process or []}, indent=1))
+    if plot:
+        _plot(rows, base.with_suffix(".png"), info)
+    return [base.with_suffix(s) for s in (".csv", ".json", ".png")[:3 if plot else 2]]
 
 
 def _plot(rows: list[Row], path: Path, info: dict) -> None:
@@ -259,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-graph", action="store_true",
                     help="GPU only: time every column as replays of a CUDA graph of many calls (the GPU's time "
                          "alone, without the host's launch path, and without flushing L2 between calls)")
+    ap.add_argument("--long-process", action="store_true",
+                    help="time the first case's first size again after all the others, and print both (a call's "
+                         "time in a long process, e.g. after torch.compile ran, against a fresh one)")
     ap.add_argument("--save", type=Path, metavar="PATH", help="write PATH.csv, PATH.json and PATH.png")
     ap.add_argument("--timing-check", action="store_true",
                     help="compare labkit.bench with triton.testing.do_bench on a few kernels, then stop")
@@ -288,6 +346,33 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_kernel(case, sizes, dtypes, use_compile, ceil, args.cuda_graph)
         print(table(case, rows) if rows else f"{case.name}: no size ran (see the lines above)", "\n", flush=True)
         all_rows += rows
+        if args.save and rows:  # what ran so far stays saved if a long run is cut off
+            save(all_rows, args.save, ceil, timing, plot=False)
+    long_process = []
+    if args.long_process and all_rows:
+        first = all_rows[0]
+        again = run_kernel(cases[first.kernel], [args.sizes[0] if args.sizes else first.shape], [first.dtype],
+                           use_compile, ceil, args.cuda_graph)
+        long_process = [{"when": when, **asdict(r)} for when, r in (("fresh", first), ("after all others", again[0]))]
+        print(long_process_table(long_process), "\n", flush=True)
     if args.save:
-        print("saved", ", ".join(str(p) for p in save(all_rows, args.save, ceil, timing)))
+        print("saved", ", ".join(str(p) for p in save(all_rows, args.save, ceil, timing, long_process)))
     return 0
+
+
+def long_process_table(entries: list[dict]) -> str:
+    """The first case timed fresh and again after all the others: time and host time per call, labkit's and
+    each baseline's, and the ratio later / fresh."""
+    fresh, later = entries
+    names = [n for n in fresh["baseline_ms"] if fresh["baseline_ms"].get(n) and later["baseline_ms"].get(n)]
+    lines = [f"long process: {fresh['kernel']} {fresh['shape']} {fresh['dtype']}, fresh vs after all the others",
+             f"{'':>15} {'fresh':>10} {'later':>10} {'later/fresh':>11}"]
+    pairs = [("labkit", fresh["ms"], later["ms"]), ("labkit host us", fresh["host_us"], later["host_us"])]
+    pairs += [(n, fresh["baseline_ms"][n], later["baseline_ms"][n]) for n in names]
+    pairs += [(f"{n} host us", fresh["baseline_host_us"].get(n), later["baseline_host_us"].get(n))
+              for n in HOST_PEERS if fresh["baseline_host_us"].get(n)]
+    for name, a, b in pairs:
+        if a and b:
+            shown = (f"{a:>10.1f} {b:>10.1f}" if "host" in name else f"{format_ms(a):>10} {format_ms(b):>10}")
+            lines.append(f"{name:>15} {shown} {b / a:>10.2f}x")
+    return "\n".join(lines)
