@@ -62,3 +62,41 @@ def test_untouched_work_scores_zero_under_any_load(noise):
     points = Counter(grade(1.0, seed, **noise).points for seed in range(150))
     assert points == {0: 150}, points
     assert CPU[0][0] > 1.1 and THRESHOLDS["cuda"][0][0] > 1.1  # the first point sits above the baseline's noise
+
+
+def test_a_right_median_on_a_loaded_machine_passes_and_a_wrong_one_fails(monkeypatch):
+    """Exercise 03 on a machine so loaded that every sleep runs 4x long plus 5 ms: the grader measures again, then
+    grades against its own measurement of the same calls (its clock and sleep bound before student code)."""
+    import statistics
+
+    from fake_clock import FakeClock
+    from labkit.exercises import ex03_timing as ex03
+
+    clock = FakeClock()
+    monkeypatch.setattr(ex03, "_PERF", clock.perf_counter)
+    monkeypatch.setattr(ex03, "_NAP", lambda s: clock.sleep(4 * s + 5e-3))
+
+    def right(fn, device, warmup, reps):
+        for _ in range(warmup):
+            fn()
+        took = []
+        for _ in range(reps):
+            t0 = clock.perf_counter()
+            fn()
+            took.append((clock.perf_counter() - t0) * 1e3)
+        return statistics.median(took)
+
+    def mean(fn, device, warmup, reps):  # the outlier counted
+        for _ in range(warmup):
+            fn()
+        t0 = clock.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (clock.perf_counter() - t0) * 1e3 / reps
+
+    case = ex03.median_ms_case("loaded", "cpu", [3.0, 40.0], 2, 5, 3)
+    for fn, ok in ((right, True), (mean, False), (lambda fn, device, warmup, reps: 3.0, False)):
+        got = ex03.call_median_ms(fn, case["args"])
+        problems = ex03.compare_median(case["expected"], got, case["rtol"], case["atol"])
+        assert (problems == []) == ok, (fn, problems)
+    assert len(clock.slept) == 2 * ex03.ATTEMPTS * 2 * (2 + 5)  # two of them call fn: measured again, ATTEMPTS times
