@@ -176,7 +176,8 @@ def graded(tmp_path_factory, grader_sandbox_flags):
     board = base / "class" / "board.csv"
     board.parent.mkdir()
     cmd = [sys.executable, "-m", "labkit.cli", "grade", str(subs), "--out", str(out), "--only", NB, "--workers", "2",
-           "--timeout", "120", "--exercise-timeout", "60", "--device", "cpu", "--leaderboard", str(board)]
+           "--share-cores", "--timeout", "120", "--exercise-timeout", "60", "--device", "cpu",
+           "--leaderboard", str(board)]
     cmd += grader_sandbox_flags
     run = subprocess.run(cmd, cwd=ROOT, env=child_env(ROOT), capture_output=True, text=True,
                          timeout=600)

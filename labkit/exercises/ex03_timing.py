@@ -162,4 +162,5 @@ def visible_median_ms() -> list[dict]:
                            dev, 3.0, 2, 5, 3)]
 
 
-FUNCTIONS = [Function("median_ms", call_median_ms, visible_median_ms, compare=compare_median, prepare=prepare)]
+FUNCTIONS = [Function("median_ms", call_median_ms, visible_median_ms, compare=compare_median, prepare=prepare,
+                      timed=True)]

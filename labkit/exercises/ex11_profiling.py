@@ -277,4 +277,4 @@ def visible_fast_train() -> list[dict]:
 
 
 FUNCTIONS = [Function("fast_train", call_fast_train, visible_fast_train, compare=compare_fast_train,
-                      score=score_fast_train)]
+                      score=score_fast_train, timed=True)]

@@ -291,4 +291,5 @@ def last_speedup() -> float:
 ANSWERS = ("labkit.capstone.train.Trainer", "labkit.capstone.train.run_variant", "labkit.capstone.train.measure",
            "labkit.capstone.ddp.DDPTrainer")
 FUNCTIONS = [Function("make_trainer", call_make_trainer, visible_make_trainer, compare=compare_capstone,
-                      score=score_capstone, answers=ANSWERS, min_timeout_s=360.0)]  # compilation, up to 32 rounds
+                      score=score_capstone, answers=ANSWERS, min_timeout_s=360.0,  # compilation, up to 32 rounds
+                      timed=True)]

@@ -98,6 +98,8 @@ def _grade_function(ns: dict, name: str, call: Callable, todo: list[dict], timeo
 def main(in_dir: str, out_dir: str) -> None:
     key = seal.read_key()
     job = json.loads((Path(in_dir) / "job.json").read_text())
+    if job.get("cpus"):  # this worker's own cores, before torch starts its threads
+        os.sched_setaffinity(0, job["cpus"])
     out = Path(out_dir)
     events_fd = os.open(out / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
