@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 from torch.profiler import record_function
 
 from labkit import compat
-from labkit.exercises import speed
+from labkit.exercises import integrity, speed
 from labkit.exercises.inputs import here
 from labkit.exercises.observe import compare, expect_like, snapshot
 from labkit.exercises.spec import Function
@@ -91,13 +91,16 @@ def slow_train(params: dict[str, torch.Tensor], xs: torch.Tensor, ys: torch.Tens
 
 
 def _timed(fn, args: tuple, hyper: dict, device: torch.device) -> tuple[object, float]:
+    """(fn's output as plain data, seconds): copied out inside the timed region, so work a lazy result defers
+    is timed too."""
+    clock, sync = _CLOCK, _SYNC  # bound for the whole call: rebinding them inside it changes nothing
     if device.type == "cuda":
-        _SYNC()
-    t0 = _CLOCK()
-    out = fn(*args, **hyper)
+        sync()
+    t0 = clock()
+    out = snapshot(fn(*args, **hyper))
     if device.type == "cuda":
-        _SYNC()
-    return out, _CLOCK() - t0
+        sync()
+    return out, clock() - t0
 
 
 class _Calls(TorchFunctionMode):
@@ -166,13 +169,17 @@ def call_fast_train(fn, args):
         took = {}
         for which in (("slow", "fast") if slow_first else ("fast", "slow")):
             problem = make_problem(seeds[i], sizes, device)
-            out, took[which] = _timed(slow_train if which == "slow" else fn, problem, hyper, device)
-            if which == "fast":
-                runs.append(snapshot(out))
+            if which == "slow":  # in the state the process had before student code, nothing of the notebook's on
+                with integrity.clean():
+                    _, took[which] = _timed(slow_train, problem, hyper, device)
+            else:
+                out, took[which] = _timed(fn, problem, hyper, device)
+                integrity.check("after a timed call of fast_train")
+                runs.append(out)
         return took["slow"], took["fast"]
 
     # one CPU thread: the matmuls are tiny, and several threads on a busy machine time the scheduler
-    with threads(1 if device.type == "cpu" else None):
+    with threads(1 if device.type == "cpu" else integrity.threads()):  # the same for both sides of every pair
         pairs = speed.paired_rounds(pair, ((float(args.get("min speed-up", MIN_SPEEDUP)), 1),),
                                     int(args.get("min runs", RUNS)) - 1, len(seeds) - 1)
         seed = seeds[-1] + 1  # one more call, untimed, counting what each does

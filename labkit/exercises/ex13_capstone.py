@@ -25,7 +25,7 @@ from labkit.capstone.model import GPT, GPTConfig
 from labkit.capstone.score import Measured, final, score
 from labkit.capstone.train import LoopAdamW, RunConfig
 from labkit.exercises.inputs import here
-from labkit.exercises import speed
+from labkit.exercises import integrity, speed
 from labkit.exercises.observe import snapshot
 from labkit.exercises.spec import Function
 from labkit.timing import threads
@@ -131,14 +131,15 @@ def _logits(model: torch.nn.Module, x: torch.Tensor, device: torch.device) -> to
 
 def one_round(make, run: RunConfig, corpus: Corpus, held_xy: torch.Tensor, device: torch.device) -> dict:
     """Time make(run, corpus, device), run.steps steps and losses(); then the trained model's held-out logits."""
-    _sync(device)
-    t0 = _CLOCK()
+    clock, sync = _CLOCK, _sync  # bound for the whole round: rebinding them inside it changes nothing
+    sync(device)
+    t0 = clock()
     trainer = make(run, corpus, device)
     for _ in range(run.steps):
         trainer.step()
     losses = [float(x) for x in trainer.losses()]  # on the host: the time includes fetching them
-    _sync(device)
-    seconds = _CLOCK() - t0
+    sync(device)
+    seconds = clock() - t0
     return {"seconds": seconds, "losses": losses, "logits": _logits(trainer.model, held_xy[0], device)}
 
 
@@ -153,11 +154,16 @@ def call_make_trainer(fn, args):
         run, corpus, held = workload(args["sizes"], seeds[i])
         got = {}
         for who in (("base", "mine") if base_first else ("mine", "base")):
-            got[who] = one_round(BaselineTrainer if who == "base" else fn, run, corpus, held, device)
+            if who == "base":  # in the state the process had before student code, nothing of the notebook's on
+                with integrity.clean():
+                    got[who] = one_round(BaselineTrainer, run, corpus, held, device)
+            else:
+                got[who] = one_round(fn, run, corpus, held, device)
+                integrity.check("after a timed round of make_trainer")
         mine.append(got["mine"])
         return got["base"]["seconds"], got["mine"]["seconds"]
 
-    with threads(1 if device.type == "cpu" else None):
+    with threads(1 if device.type == "cpu" else integrity.threads()):  # the same for both sides of every pair
         pairs = speed.paired_rounds(pair, args["thresholds"], int(args["min rounds"]), len(seeds) - 1)
     return {"rounds": [{"losses": r["losses"], "logits": snapshot(r["logits"])} for r in mine],
             "seconds": [r["seconds"] for r in mine], "baseline seconds": [b for b, _ in pairs]}
