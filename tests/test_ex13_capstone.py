@@ -57,6 +57,10 @@ CHEATS = {
                                "        t = FastTrainer(run, corpus, device)\n        for _ in range(run.steps):\n"
                                "            t.step()\n        _kept['trainer'] = t\n"
                                "    return Replay(_kept['trainer'])\n"),
+    # slows the grader's baseline down (a sleep in its step) to inflate the speed-up
+    "slower": append(SOLUTION, "import time as _t\nfrom labkit.exercises import ex13_capstone as _ex13\n"
+                               "_step = _ex13.BaselineTrainer.step\n\n\ndef _slow(self):\n    _t.sleep(0.02)\n"
+                               "    _step(self)\n\n\n_ex13.BaselineTrainer.step = _slow\n"),
     # notebook 13's answer, imported
     "importer": append(SOLUTION, "from labkit.capstone import Trainer, variant\n\n\n"
                                  "def make_trainer(run, corpus, device):\n"
@@ -218,7 +222,7 @@ def test_points_for_reported_applies_the_thresholds():
 
 
 @pytest.mark.parametrize("student, why", [("skipper", "loss"), ("freezer", "not trained from this start"),
-                                          ("cacher", "fresh seed"),
+                                          ("cacher", "fresh seed"), ("slower", "rebound the grader's"),
                                           ("importer", "asks you to write")])
 def test_skipping_work_caching_and_importing_the_answer_score_zero(graded, student, why):
     rows, feedback, _, _ = graded
