@@ -95,13 +95,14 @@ def fast_train() -> tuple[bool, str]:
     fast = functions_from(SOLUTIONS / "11_profiling.ipynb")["fast_train"]
     case = ex11.visible_fast_train()[0]
     got = ex11.call_fast_train(fast, case["args"])
-    return got["speed-up"] >= ex11.MIN_SPEEDUP, (f"{got['speed-up']:.2f}x (want >= {ex11.MIN_SPEEDUP:g}x): slow_train "
-                                                 f"{got['slow ms']:.1f} ms, fast_train {got['yours ms']:.1f} ms")
+    v = ex11._verdict(case["expected"], got)
+    return bool(v and v.points), (f"{v.describe('slow_train')} (its lower bound must reach {ex11.MIN_SPEEDUP:g}x)"
+                                  if v else "not measured")
 
 
 def capstone() -> tuple[bool, str]:
     """Exercise 13 on the CPU workload, scored as the grader scores it (was tests/test_ex13_capstone.py: the solution
-    earns at least the first threshold's points, the released baseline exactly those)."""
+    earns at least the first threshold's points, the released baseline none)."""
     from labkit.exercises import ex13_capstone as ex13
     from test_exercises import EXERCISES, SOLUTIONS, functions_from
 
@@ -112,8 +113,8 @@ def capstone() -> tuple[bool, str]:
         fn = functions_from(folder / "13_capstone.ipynb")["make_trainer"]
         frac, notes, details = ex13.score_capstone(case["expected"], ex13.call_make_trainer(fn, case["args"]))
         out.append((who, frac * ex13.MAX_POINTS, details.get("speedup", float("nan"))))
-    ok = out[0][1] >= first and out[1][1] == first
-    return ok, "; ".join(f"{who} {sp:.2f}x: {pts:g} points" for who, pts, sp in out) + f" (want >= {first}, == {first})"
+    ok = out[0][1] >= first and out[1][1] == 0
+    return ok, "; ".join(f"{who} {sp:.2f}x: {pts:g} points" for who, pts, sp in out) + f" (want >= {first}, == 0)"
 
 
 CHECKS = {f.__name__: f for f in (bench_sleep, server_round_trip, server_load, loadgen_open_loop, simulate_speed,

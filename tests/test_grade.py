@@ -145,7 +145,7 @@ def graded(tmp_path_factory, grader_sandbox_flags):
     (subs / "notes.txt").write_text("not a submission")
 
     env = child_env(ROOT)
-    cmd = [sys.executable, "-m", "labkit.cli", "grade", str(subs), "--out", str(out), "--workers", "2",
+    cmd = [sys.executable, "-m", "labkit.cli", "grade", str(subs), "--out", str(out), "--workers", "2", "--share-cores",
            "--timeout", str(TIMEOUT), "--exercise-timeout", str(EXERCISE_TIMEOUT), "--memory-mb", "1000",
            "--device", "cpu"]
     cmd += grader_sandbox_flags

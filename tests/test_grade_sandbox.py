@@ -242,7 +242,7 @@ def hostile(tmp_path_factory):
 
     env = child_env(ROOT)
     cmd = [sys.executable, "-m", "labkit.cli", "grade", "submissions", "--out", "grades", "--workers", "2",
-           "--timeout", "40", "--exercise-timeout", "15", "--memory-mb", "1500", "--device", "cpu",
+           "--share-cores", "--timeout", "40", "--exercise-timeout", "15", "--memory-mb", "1500", "--device", "cpu",
            "--only", "03_timing", "04_roofline", "05_triton_row_sum"]
     t0 = time.monotonic()
     run = subprocess.run(cmd, cwd=base, env=env, capture_output=True, text=True, timeout=600)  # relative paths

@@ -1,6 +1,7 @@
 """Exercise 03, timing: `median_ms(fn, device, warmup, reps)` on a function of known duration."""
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any
@@ -21,6 +22,8 @@ _EVENT = torch.cuda.Event
 _ELAPSED = torch.cuda.Event.elapsed_time
 _RECORD = torch.cuda.Event.record
 _SYNC = torch.cuda.synchronize
+_PERF, _NAP = time.perf_counter, time.sleep  # the CPU workload's sleep and the grader's clock for it
+ATTEMPTS = 3  # measurements of a case while the grader's own one is implausible (a loaded machine)
 _gpu_cycles_per_ms: float | None = None
 
 
@@ -72,16 +75,34 @@ def _time_one(fn, device: torch.device, ms: float, warmup: int, reps: int, outli
             sleep(int(per_ms * ms * (10 if calls[0] in slow_calls else 1)))
             calls[0] += 1
     else:
+        clock, nap = _PERF, _NAP
+
         def work():
-            t0 = time.perf_counter()
-            time.sleep(ms * (10 if calls[0] in slow_calls else 1) / 1e3)
-            took.append((time.perf_counter() - t0) * 1e3)
+            t0 = clock()
+            nap(ms * (10 if calls[0] in slow_calls else 1) / 1e3)
+            took.append((clock() - t0) * 1e3)
             calls[0] += 1
     out = fn(work, device, warmup=warmup, reps=reps)
     if isinstance(out, torch.Tensor) and out.numel() == 1:
         out = out.item()
     timed = took[warmup:warmup + reps]
     return snapshot(out), calls[0], statistics.median(timed) if len(timed) == reps else None
+
+
+def _plausible(nominal: float, measured: Any) -> bool:
+    """The grader's measurement of the timed calls as a sleep of `nominal` ms allows (never early, not far over)."""
+    ok = isinstance(measured, (int, float)) and not isinstance(measured, bool)
+    return ok and nominal <= measured <= 1.5 * nominal + 2.0
+
+
+def _measured_one(fn, device: torch.device, ms: float, warmup: int, reps: int, outlier: int) -> tuple:
+    """_time_one, again while the grader's own measurement is implausible (the machine too loaded to say), up to
+    ATTEMPTS times: the last attempt's result (the parent then grades against the grader's measurement of it)."""
+    for _ in range(ATTEMPTS):
+        run = _time_one(fn, device, ms, warmup, reps, outlier)
+        if device.type == "cuda" or _plausible(ms, run[2]):
+            break
+    return run
 
 
 def call_median_ms(fn, args):
@@ -93,17 +114,19 @@ def call_median_ms(fn, args):
     device = torch.device(args.get("device", "cpu"))
     warmup, reps, outlier = int(args["warmup"]), int(args["reps"]), int(args["outlier_at"])
     if isinstance(args["ms"], (list, tuple)):
-        runs = [_time_one(fn, device, float(ms), warmup, reps, outlier) for ms in args["ms"]]
+        runs = [_measured_one(fn, device, float(ms), warmup, reps, outlier) for ms in args["ms"]]
         return {"median (ms)": [r[0] for r in runs], "calls of fn": [r[1] for r in runs],
                 MEASURED: [r[2] for r in runs]}
-    got, calls, measured = _time_one(fn, device, float(args["ms"]), warmup, reps, outlier)
+    got, calls, measured = _measured_one(fn, device, float(args["ms"]), warmup, reps, outlier)
     return {"median (ms)": got, "calls of fn": calls, MEASURED: measured}
 
 
 def _expected_median(nominal: float, measured: Any) -> float:
-    """What the grader saw, when plausible (a sleep never ends early, and runs long only so much), else nominal."""
-    ok = isinstance(measured, (int, float)) and not isinstance(measured, bool)
-    return float(measured) if ok and nominal <= measured <= 1.5 * nominal + 2.0 else nominal
+    """What the grader saw of the same calls: a sleep never ends early, so a measurement under `nominal` is not the
+    grader's (nominal counts); one far over it is a loaded machine, measured ATTEMPTS times (the grader's clock and
+    sleep are bound before student code), so it is what the right answer saw."""
+    ok = isinstance(measured, (int, float)) and not isinstance(measured, bool) and math.isfinite(measured)
+    return float(measured) if ok and measured >= nominal else nominal
 
 
 def compare_median(expected: Any, got: Any, rtol: float = 0.0, atol: float = 0.0, **kwargs) -> list[str]:
@@ -139,4 +162,5 @@ def visible_median_ms() -> list[dict]:
                            dev, 3.0, 2, 5, 3)]
 
 
-FUNCTIONS = [Function("median_ms", call_median_ms, visible_median_ms, compare=compare_median, prepare=prepare)]
+FUNCTIONS = [Function("median_ms", call_median_ms, visible_median_ms, compare=compare_median, prepare=prepare,
+                      timed=True)]

@@ -1,7 +1,8 @@
 """Exercise 11, profiling: `fast_train(params, xs, ys, lr, momentum, max_norm)`, a fast version of `slow_train`.
 
 Graded on the same parameters and losses as slow_train (against a float64 run) on fresh inputs for
-every call, a speed-up over slow_train measured by the grader itself on those same inputs, and each fix
+every call, a speed-up over slow_train measured by the grader itself on those same inputs (paired calls, the
+lower bound of the interval of their ratios' median must reach MIN_SPEEDUP: labkit.exercises.speed), and each fix
 the exercise asks for, observed in one more call (FIXES): no per-element Python work (`.tolist()` in
 the clip), no read of a device value in every step (`.item()`), no copy in every step, and a few
 whole-tensor ops per step instead of many tiny ones. Points: a share per item met, zero when wrong.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -18,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from torch.profiler import record_function
 
 from labkit import compat
+from labkit.exercises import integrity, speed
 from labkit.exercises.inputs import here
 from labkit.exercises.observe import compare, expect_like, snapshot
 from labkit.exercises.spec import Function
@@ -26,7 +29,8 @@ from labkit.timing import threads
 NOTEBOOK = "11_profiling"
 MIN_SPEEDUP = 2.0  # what the fixes reach with room to spare, on a CPU and on a GPU
 TOL = 2e-3  # fp32 against a float64 run of the same steps: rounding, and fused ops rounding differently
-RUNS = 6  # pairs of calls (slow, yours) per case, on fresh inputs each; the first pair is a warm-up
+RUNS = 7  # pairs of calls (slow, yours) per case at least, on fresh inputs each; the first pair is a warm-up
+MAX_RUNS = 17  # at most: more while the speed-up's interval straddles MIN_SPEEDUP
 
 OPS_FRACTION = 0.65  # "a few whole-tensor ops": at most this share of slow_train's ops per step
 
@@ -87,13 +91,16 @@ def slow_train(params: dict[str, torch.Tensor], xs: torch.Tensor, ys: torch.Tens
 
 
 def _timed(fn, args: tuple, hyper: dict, device: torch.device) -> tuple[object, float]:
+    """(fn's output as plain data, seconds): copied out inside the timed region, so work a lazy result defers
+    is timed too."""
+    clock, sync = _CLOCK, _SYNC  # bound for the whole call: rebinding them inside it changes nothing
     if device.type == "cuda":
-        _SYNC()
-    t0 = _CLOCK()
-    out = fn(*args, **hyper)
+        sync()
+    t0 = clock()
+    out = snapshot(fn(*args, **hyper))
     if device.type == "cuda":
-        _SYNC()
-    return out, _CLOCK() - t0
+        sync()
+    return out, clock() - t0
 
 
 class _Calls(TorchFunctionMode):
@@ -151,48 +158,76 @@ def fixes(work: dict, slow_ops: int, steps: int) -> dict[str, str | None]:
 
 
 def call_fast_train(fn, args):
-    """Alternate slow_train and `fn` on fresh inputs (one seed per pair, one CPU thread on a CPU); keep fn's
-    results and both times."""
+    """slow_train and `fn` paired on fresh inputs (one seed per pair, the order alternating, one CPU thread on a
+    CPU): a warm-up pair, then RUNS - 1 pairs at least, more while the speed-up straddles MIN_SPEEDUP; fn's
+    results and both times of every pair."""
     device = torch.device(args.get("device", "cpu"))
-    sizes, hyper = args["sizes"], args["hyper"]
-    runs, slow_s, fast_s = [], [], []
+    sizes, hyper, seeds = args["sizes"], args["hyper"], args["seeds"]
+    runs = []
+
+    def pair(i: int, slow_first: bool) -> tuple[float, float]:
+        took = {}
+        for which in (("slow", "fast") if slow_first else ("fast", "slow")):
+            problem = make_problem(seeds[i], sizes, device)
+            if which == "slow":  # in the state the process had before student code, nothing of the notebook's on
+                with integrity.clean():
+                    _, took[which] = _timed(slow_train, problem, hyper, device)
+            else:
+                out, took[which] = _timed(fn, problem, hyper, device)
+                integrity.check("after a timed call of fast_train")
+                runs.append(out)
+        return took["slow"], took["fast"]
+
     # one CPU thread: the matmuls are tiny, and several threads on a busy machine time the scheduler
-    with threads(1 if device.type == "cpu" else None):
-        for i, seed in enumerate(args["seeds"]):
-            for which in (("slow", "fast") if i % 2 == 0 else ("fast", "slow")):
-                problem = make_problem(seed, sizes, device)
-                out, seconds = _timed(slow_train if which == "slow" else fn, problem, hyper, device)
-                if which == "fast":
-                    runs.append(snapshot(out))
-                    fast_s.append(seconds)
-                else:
-                    slow_s.append(seconds)
-        seed = args["seeds"][-1] + 1  # one more call, untimed, counting what each does
+    with threads(1 if device.type == "cpu" else integrity.threads()):  # the same for both sides of every pair
+        pairs = speed.paired_rounds(pair, ((float(args.get("min speed-up", MIN_SPEEDUP)), 1),),
+                                    int(args.get("min runs", RUNS)) - 1, len(seeds) - 1)
+        seed = seeds[-1] + 1  # one more call, untimed, counting what each does
         work = count_work(fn, make_problem(seed, sizes, device), hyper)
         slow_work = count_work(slow_train, make_problem(seed, sizes, device), hyper)
-    slow, fast = min(slow_s[1:] or slow_s), min(fast_s[1:] or fast_s)  # best of the runs after the warm-up
-    return {"results": runs, "speed-up": slow / max(fast, 1e-9), "slow ms": 1e3 * slow, "yours ms": 1e3 * fast,
-            "runs": len(fast_s), "work": work, "slow ops": slow_work["ops"], "steps": int(sizes["steps"])}
+    slow_s, fast_s = [s for s, _ in pairs], [f for _, f in pairs]
+    return {"results": runs, "slow s": slow_s, "yours s": fast_s, "work": work, "slow ops": slow_work["ops"],
+            "steps": int(sizes["steps"])}
 
 
 def compare_fast_train(expected, got, rtol: float = 0.0, atol: float = 0.0) -> list[str]:
     """The results of every timed call as expected, and the grader's speed-up at least expected['min speed-up']."""
     if not isinstance(got, dict) or "results" not in got:
         return compare(expected, got, rtol, atol)
-    problems = compare(expected["results"], got["results"], rtol, atol, path="results")
+    problems = _results(expected, got, rtol, atol)
     return problems + [p for p in _speed_and_fixes(expected, got).values() if p]
+
+
+def _results(expected: dict, got: dict, rtol: float, atol: float) -> list[str]:
+    """The results of the calls made (RUNS at least, every one on its own seed) against the float64 runs."""
+    exp, runs = expected["results"], got["results"]
+    least = min(int(expected.get("min runs", RUNS)), len(exp))
+    if not isinstance(runs, list) or not least <= len(runs) <= len(exp):
+        return [f"results: {len(runs) if isinstance(runs, list) else 'no'} calls, for {least} to {len(exp)}"]
+    return compare(exp[:len(runs)], runs, rtol, atol, path="results")
+
+
+def _verdict(expected: dict, got: dict) -> speed.Verdict | None:
+    """The paired speed-ups' verdict against expected['min speed-up'] (None when the times are not usable)."""
+    slow, fast = got.get("slow s"), got.get("yours s")
+    if not (isinstance(slow, list) and isinstance(fast, list) and len(slow) == len(fast) == len(got["results"])
+            and all(isinstance(t, float) and math.isfinite(t) and t > 0 for t in slow + fast)):
+        return None
+    return speed.verdict(speed.ratios_of(slow, fast), ((expected["min speed-up"], 1),))
 
 
 def _speed_and_fixes(expected: dict, got: dict) -> dict[str, str | None]:
     """The speed-up and each fix -> None when met, else what is wrong."""
-    need, sp = expected["min speed-up"], got.get("speed-up")
+    need, v = expected["min speed-up"], _verdict(expected, got)
     out: dict[str, str | None] = {"speed-up": None}
-    if not isinstance(sp, float):
+    if v is None:
         out["speed-up"] = "speed-up: not measured"
-    elif not sp >= need:
-        out["speed-up"] = (f"speed-up: {sp:.2f}x, measured by the grader: slow_train took {got['slow ms']:.1f} ms, "
-                           f"your fast_train {got['yours ms']:.1f} ms (best of {got['runs'] - 1} runs on fresh "
-                           f"inputs); at least {need:g}x is needed: profile slow_train and remove its biggest costs")
+    elif not v.points:
+        slow, fast = (statistics.median(got[k][1:] or got[k]) for k in ("slow s", "yours s"))
+        out["speed-up"] = (f"speed-up: {v.median:.2f}x, measured by the grader: slow_train took {1e3 * slow:.1f} ms, "
+                           f"your fast_train {1e3 * fast:.1f} ms ({v.describe('slow_train')} on fresh inputs); at "
+                           f"least {need:g}x is needed (for the interval's lower bound, here {v.low:.2f}x): profile "
+                           f"slow_train and remove its biggest costs")
     work = got.get("work")
     if not isinstance(work, dict) or not all(isinstance(work.get(k), int) for k in ("scalar reads", "element reads",
                                                                                     "copies", "ops")):
@@ -208,7 +243,7 @@ def score_fast_train(expected: dict, got) -> tuple[float, list[str], dict]:
     """Zero unless the results are right; then an equal share for the speed-up and for each fix made."""
     if not isinstance(got, dict) or "results" not in got:
         return 0.0, compare(expected, got) or ["no results"], {}
-    wrong = compare(expected["results"], got["results"], TOL, TOL / 10, path="results")
+    wrong = _results(expected, got, TOL, TOL / 10)
     if wrong:
         return 0.0, wrong, {}
     checks = _speed_and_fixes(expected, got)
@@ -225,8 +260,11 @@ def fast_train_case(about: str, sizes: dict, hyper: dict, seeds: list[int], devi
         with threads(1):
             p, losses = slow_train(params, xs, ys, **hyper)
         results.append((expect_like({k: v.float() for k, v in p.items()}, device), expect_like(losses.float(), "cpu")))
-    return {"about": about, "args": {"sizes": sizes, "hyper": hyper, "seeds": seeds, "device": device},
-            "expected": {"results": results, "min speed-up": float(min_speedup)}, "rtol": TOL, "atol": TOL / 10}
+    runs = min(RUNS, len(seeds))
+    return {"about": about, "args": {"sizes": sizes, "hyper": hyper, "seeds": seeds, "device": device,
+                                     "min speed-up": float(min_speedup), "min runs": runs},
+            "expected": {"results": results, "min speed-up": float(min_speedup), "min runs": runs}, "rtol": TOL,
+            "atol": TOL / 10}
 
 
 def describe(sizes: dict, hyper: dict, device: str) -> str:
@@ -241,9 +279,9 @@ VISIBLE_SIZES = {"steps": 12, "batch": 16, "d_in": 64, "hidden": 256, "d_out": 1
 def visible_fast_train() -> list[dict]:
     dev = str(here())
     hyper = {"lr": 0.05, "momentum": 0.9, "max_norm": 1.0}
-    return [fast_train_case(describe(VISIBLE_SIZES, hyper, dev), VISIBLE_SIZES, hyper, list(range(110, 110 + RUNS)),
+    return [fast_train_case(describe(VISIBLE_SIZES, hyper, dev), VISIBLE_SIZES, hyper, list(range(110, 110 + MAX_RUNS)),
                             dev)]
 
 
 FUNCTIONS = [Function("fast_train", call_fast_train, visible_fast_train, compare=compare_fast_train,
-                      score=score_fast_train)]
+                      score=score_fast_train, timed=True)]

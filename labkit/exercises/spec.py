@@ -45,3 +45,4 @@ class Function:
     score: Callable[[Any, Any], tuple[float, list[str], dict]] | None = None  # points from a score
     answers: tuple[str, ...] = ()  # dotted names of labkit objects that are this function's answer
     min_timeout_s: float = 0.0  # its calls get at least this long, whatever --exercise-timeout (e.g. compiling)
+    timed: bool = False  # its grade rests on time measured while grading: one worker per GPU, or per 2 CPU cores

@@ -19,6 +19,7 @@ import types
 from pathlib import Path
 from typing import Any, Callable
 
+from labkit.exercises import integrity
 from labkit.grading import answers, seal
 from labkit.grading.guard import install_guard
 
@@ -71,8 +72,10 @@ def _describer(describe_error: Callable[[BaseException], str]) -> Callable[[Base
     return describe
 
 
-def _grade_function(ns: dict, name: str, call: Callable, todo: list[dict], timeout: float, describe) -> list[dict]:
-    """Call the student's `name` on each case under one alarm; one result per case."""
+def _grade_function(ns: dict, name: str, call: Callable, todo: list[dict], timeout: float, describe,
+                    timed: bool = False) -> list[dict]:
+    """Call the student's `name` on each case under one alarm; one result per case. A timed function's result
+    counts only when nothing that judges it was changed, before or after its call (labkit.exercises.integrity)."""
     fn, out = ns.get(name), []
     if not callable(fn):
         why = (f"{name} is not defined in the notebook (was it renamed, or did its cell fail?)"
@@ -83,7 +86,12 @@ def _grade_function(ns: dict, name: str, call: Callable, todo: list[dict], timeo
         for case in todo:
             try:
                 with answers.grading(name):  # labkit's own answer to `name` refuses to run now
-                    out.append({"obs": call(fn, case["args"])})
+                    if timed:
+                        integrity.check(f"before {name} was graded")
+                    obs = call(fn, case["args"])
+                    if timed:
+                        integrity.check(f"after {name} was graded")
+                    out.append({"obs": obs})
             except ExerciseTimeout:
                 raise
             except BaseException as exc:
@@ -98,6 +106,8 @@ def _grade_function(ns: dict, name: str, call: Callable, todo: list[dict], timeo
 def main(in_dir: str, out_dir: str) -> None:
     key = seal.read_key()
     job = json.loads((Path(in_dir) / "job.json").read_text())
+    if job.get("cpus"):  # this worker's own cores, before torch starts its threads
+        os.sched_setaffinity(0, job["cpus"])
     out = Path(out_dir)
     events_fd = os.open(out / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
@@ -141,6 +151,8 @@ def main(in_dir: str, out_dir: str) -> None:
     labkit.check = stub
     signal.signal(signal.SIGALRM, _on_alarm)
     install_guard(job["forbidden"], job["allowed"])
+    if any(f.timed for f in fns.values()):
+        integrity.capture()  # the judging code and process state, as they are before student code
 
     def display(*objs, **kwargs):
         print(*objs)
@@ -163,7 +175,7 @@ def main(in_dir: str, out_dir: str) -> None:
             emit(ev="fn_start", nb=nb["name"], fn=name)
             todo = cases.get(name, [])
             limit = max(job["exercise_timeout"], fns[name].min_timeout_s)
-            results = _grade_function(ns, name, callers[name], todo, limit, describe)
+            results = _grade_function(ns, name, callers[name], todo, limit, describe, fns[name].timed)
             try:
                 mac = seal.write(key, out_dir, name, {"cases": results}, save, replace)
             except BaseException as exc:

@@ -57,6 +57,8 @@ class GradeConfig:
     shard: tuple[int, int] | None = None
     leaderboard: Path | None = None
     unsafe_no_sandbox: bool = False
+    share_gpus: bool = False
+    share_cores: bool = False
 
 
 def roster_hash(students: list[str]) -> str:
@@ -70,6 +72,15 @@ def gpu_ids() -> list[str]:
     if visible is not None:
         return [v.strip() for v in visible.split(",") if v.strip()]
     return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def split_cores(cores: list[int], workers: int) -> list[list[int]]:
+    """Each worker's CPU cores: disjoint equal shares of `cores` (one core each, round robin, when there are
+    more workers than cores)."""
+    if workers > len(cores):
+        return [[cores[w % len(cores)]] for w in range(workers)]
+    per = len(cores) // workers
+    return [cores[w * per:(w + 1) * per] for w in range(workers)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leaderboard", type=Path, default=None, metavar="FILE",
                     help="also write the class leaderboard (scored exercises, e.g. 13_capstone: tokens/s, speed-up, "
                          "loss, points, ranked by speed-up) to FILE; it is always written as --out/leaderboard.csv")
+    ap.add_argument("--share-gpus", action="store_true",
+                    help="allow more workers than GPUs (timed exercises then share a GPU: the same work may get other "
+                         "points)")
+    ap.add_argument("--share-cores", action="store_true",
+                    help="without a GPU, allow more workers than half the CPU cores while timed exercises are graded "
+                         "(they then share cores: the same work may get other points)")
     ap.add_argument("--unsafe-no-sandbox", action="store_true",
                     help="run students' code without bubblewrap (only for submissions you trust)")
     args = ap.parse_args(argv)
@@ -166,20 +183,32 @@ def grade(config: GradeConfig) -> list[StudentReport]:
     gpu = config.device == "auto" and torch.cuda.is_available()
     ids = gpu_ids() if gpu else []
     workers = config.workers or max(1, len(ids))
+    cores = sorted(os.sched_getaffinity(0))
+    timed = sorted(s.name for nb in specs.values() for s in nb if s.fn.timed)
+    if gpu and workers > len(ids) and not config.share_gpus:
+        raise GradeError(f"{workers} workers for {len(ids)} GPU(s): each worker grades on a GPU of its own, so "
+                         f"that the same work gets the same points; pass --workers {len(ids)}, or --share-gpus to "
+                         f"share them")
+    if not gpu and timed and workers > max(1, len(cores) // 2) and not config.share_cores:
+        raise GradeError(f"{workers} workers on {len(cores)} CPU core(s) while timed exercises ({', '.join(timed)}) "
+                         f"are graded: each worker needs 2 cores of its own, so that the same work gets the same "
+                         f"points; pass --workers {max(1, len(cores) // 2)}, or --share-cores to share them")
 
     seed = config.seed if config.seed is not None else default_seed(graded)
     for nb in specs.values():
         for s in nb:
             s.cases = make_cases(s, seed, gpu)
     out_dir.mkdir(parents=True, exist_ok=True)
-    slots = None
+    slots, core_sets = None, queue.Queue()
     if gpu:
         slots = queue.Queue()
         if workers > len(ids):
-            print(f"labkit grade: {workers} workers share {len(ids)} GPU(s); timed exercises are fairest with "
-                  f"--workers {len(ids)} (one GPU each)")
+            print(f"labkit grade: --share-gpus: {workers} workers share {len(ids)} GPU(s); timed exercises may give "
+                  f"the same work other points")
         for w in range(workers):
             slots.put(ids[w % len(ids)])
+    for cpus in split_cores(cores, workers):
+        core_sets.put(cpus)
     workroot = Path(tempfile.mkdtemp(prefix="labkit-grade-")).resolve()
     protected = [graded, COURSE_ROOT / "solutions", COURSE_ROOT / "tests", COURSE_ROOT / ".git", out_dir, subs_dir,
                  workroot]
@@ -188,10 +217,10 @@ def grade(config: GradeConfig) -> list[StudentReport]:
     except sandbox.SandboxError:
         shutil.rmtree(workroot, ignore_errors=True)
         raise
-    cpus = os.cpu_count() or 1
-    limits = Limits(config.memory_mb, max(1, cpus // workers))
+    limits = Limits(config.memory_mb, max(1, len(cores) // workers))
     ctx = Context(specs, config.timeout, config.exercise_timeout or max(5.0, config.timeout / 4), limits, gpu,
-                  gpu and cuda.missing() is None, [str(p) for p in protected], workroot, box, released, slots)
+                  gpu and cuda.missing() is None, [str(p) for p in protected], workroot, box, released, slots,
+                  core_sets)
     columns = [s for nb in specs.values() for s in nb]
     device = "a GPU" if gpu else "the CPU (no GPU)"
     share = f" (shard {k}/{n} of {len(everyone)})" if config.shard else ""

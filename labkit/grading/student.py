@@ -33,6 +33,7 @@ class Context:
     box: Any  # sandbox.Bwrap or sandbox.NoSandbox
     released: dict[str, Path]  # the released exercise notebooks, to tell an edited notebook from the stub
     gpu_slots: Any = None  # queue of CUDA_VISIBLE_DEVICES values
+    core_sets: Any = None  # queue of CPU core lists, one per worker: the child pins itself to one
 
 
 def _write_job(in_dir: Path, job: dict, cases: Any) -> None:
@@ -79,7 +80,7 @@ def _plan(ctx: Context, report: StudentReport, paths: list[Path]) -> list[dict]:
 
 
 def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device: str,
-                   report: StudentReport) -> tuple[dict[str, tuple], dict[str, str]]:
+                   report: StudentReport, cpus: list[int] | None = None) -> tuple[dict[str, tuple], dict[str, str]]:
     """Run the notebooks in a child, again after a death for what is left; ((results file, key, seal) per
     function, why some have none)."""
     by_name = {s.name: s for specs in ctx.specs.values() for s in specs}
@@ -91,7 +92,7 @@ def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device
         run = work / f"run-{launch}"
         job = {"notebooks": remaining, "device": device, "cell_timeout": ctx.exercise_timeout,
                "exercise_timeout": ctx.exercise_timeout, "memory_mb": ctx.limits.memory_mb,
-               "rlimit_as": device == "cpu", "threads": ctx.limits.threads,
+               "rlimit_as": device == "cpu", "threads": ctx.limits.threads, "cpus": cpus,
                "forbidden": ctx.forbidden + [str(ctx.workroot)], "allowed": [str(work)]}
         cases = {fn: ([{"args": {}}] if by_name[fn].fn.stage else [{"args": c["args"]} for c in by_name[fn].cases])
                  for j in remaining for fn in j["functions"]}
@@ -179,10 +180,11 @@ def grade_student(ctx: Context, index: int, sub: Submission) -> StudentReport:
     work.mkdir()
     jobs = _plan(ctx, report, sub.notebooks)
     cuda_visible = ctx.gpu_slots.get() if ctx.gpu_slots is not None else None
+    cpus = ctx.core_sets.get() if ctx.core_sets is not None else None
     try:
         device = "cuda" if ctx.gpu else "cpu"
         env = supervise.child_env(ctx.limits, ctx.box.scratch_for(work), device, cuda_visible)
-        files, died = _run_notebooks(ctx, work, jobs, env, device, report)
+        files, died = _run_notebooks(ctx, work, jobs, env, device, report, cpus)
         for nb in jobs:
             for fn in nb["functions"]:
                 spec = next(s for s in ctx.specs[nb["name"]] if s.name == fn)
@@ -198,6 +200,8 @@ def grade_student(ctx: Context, index: int, sub: Submission) -> StudentReport:
     finally:
         if ctx.gpu_slots is not None:
             ctx.gpu_slots.put(cuda_visible)
+        if ctx.core_sets is not None:
+            ctx.core_sets.put(cpus)
     report.notes = list(dict.fromkeys(report.notes))  # a notebook run again repeats its cells' notes
     report.incidents = list(dict.fromkeys(report.incidents))
     report.seconds = time.monotonic() - t0

@@ -1,0 +1,146 @@
+"""Hostile submissions against what judges a timed exercise (labkit.exercises.integrity): rebinding the grader's
+timers or baseline, slowing the baseline through hooks, tracers, anomaly mode or a thread, leaving a torch mode on.
+None may gain a point: the timed call is refused, or the baseline runs as it would have without the notebook."""
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from labkit.exercises import ex11_profiling as ex11
+from labkit.exercises import ex13_capstone as ex13
+from labkit.exercises import integrity
+
+TINY = {"model": {"seq": 16, "d_model": 32, "heads": 2, "layers": 1}, "batch": 4, "steps": 10, "windows": 16}
+
+
+@pytest.fixture
+def captured():
+    """As in the grading child: the judging code and process state captured before 'student code' (the test)."""
+    integrity.capture()
+    yield
+    for store in (integrity._pinned, integrity._clean, integrity._threads):
+        store.clear()
+
+
+def args(seeds: int = 3) -> dict:
+    return ex13.capstone_case("tiny", TINY, list(range(1, seeds + 1)), "cpu")["args"]
+
+
+def honest(run, corpus, device):
+    return ex13.BaselineTrainer(run, corpus, device)
+
+
+def slower(fn):
+    def slow(*args, **kwargs):
+        time.sleep(1e-3)
+        return fn(*args, **kwargs)
+    return slow
+
+
+def rebinds(target, attr: str, value):
+    def make(run, corpus, device):
+        setattr(target, attr, value)
+        return honest(run, corpus, device)
+    return make
+
+
+@pytest.mark.parametrize("make", [
+    rebinds(ex13, "_CLOCK", lambda: 0.0),  # the grader's clock
+    rebinds(ex13, "workload", lambda sizes, seed: None),  # the baseline's workload
+    rebinds(ex13.BaselineTrainer, "step", slower(ex13.BaselineTrainer.step)),  # the baseline itself
+    rebinds(F, "cross_entropy", slower(F.cross_entropy)),  # a torch function the baseline calls
+    rebinds(torch.Tensor, "item", slower(torch.Tensor.item)),
+], ids=["clock", "workload", "baseline", "torch function", "tensor method"])
+def test_rebinding_what_judges_refuses_the_timed_call(make, captured, monkeypatch):
+    for target, attr in ((ex13, "_CLOCK"), (ex13, "workload"), (ex13.BaselineTrainer, "step"), (F, "cross_entropy"),
+                         (torch.Tensor, "item")):
+        monkeypatch.setattr(target, attr, getattr(target, attr))  # restored after the test, whatever it rebinds
+    with pytest.raises(integrity.Tampered, match="rebound the grader's"):
+        ex13.call_make_trainer(make, args())
+
+
+def test_a_thread_left_running_refuses_the_timed_call(captured):
+    stop = threading.Event()
+
+    def make(run, corpus, device):
+        threading.Thread(target=lambda: stop.wait(30) or None, name="burner", daemon=True).start()
+        return honest(run, corpus, device)
+
+    try:
+        with pytest.raises(integrity.Tampered, match="threads it started were running \\(burner"):
+            ex13.call_make_trainer(make, args())
+    finally:
+        stop.set()
+
+
+def test_a_torch_mode_left_on_refuses_the_timed_call(captured):
+    class Passthrough(torch.overrides.TorchFunctionMode):  # could slow, count or record whatever runs under it
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    mode = Passthrough()
+
+    def make(run, corpus, device):
+        mode.__enter__()
+        return honest(run, corpus, device)
+
+    try:
+        with pytest.raises(integrity.Tampered, match="mode it entered was still on"):
+            ex13.call_make_trainer(make, args())
+    finally:
+        mode.__exit__(None, None, None)
+
+
+def test_state_left_on_never_reaches_the_baseline(captured):
+    """A global forward hook that would slow every module, a profiler function, anomaly mode: all on for the
+    submission's rounds, none while the baseline's run (the hook never sees the baseline's model)."""
+    seen, mine = {"mine": 0, "base": 0}, set()
+
+    def hook(module, inputs, output):
+        seen["mine" if id(module) in mine else "base"] += 1
+
+    def make(run, corpus, device):
+        t = honest(run, corpus, device)
+        mine.update(id(m) for m in t.model.modules())
+        return t
+
+    case = args()  # (the parent's baseline run, before the notebook's hook)
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    profiler = lambda *a: None  # noqa: E731
+    sys.setprofile(profiler)
+    torch.autograd.set_detect_anomaly(True)
+    try:
+        with integrity.clean():
+            assert not torch.is_anomaly_enabled() and sys.getprofile() is None
+            assert not torch.nn.modules.module._global_forward_hooks
+        assert torch.is_anomaly_enabled() and sys.getprofile() is profiler  # the notebook's state, back
+        sys.setprofile(None)  # (it would slow the submission's own rounds tenfold)
+        got = ex13.call_make_trainer(make, case)
+    finally:
+        sys.setprofile(None)
+        torch.autograd.set_detect_anomaly(False)
+        handle.remove()
+    assert seen["mine"] > 0 and seen["base"] == 0, seen
+    assert len(got["seconds"]) == len(got["baseline seconds"]) == 3
+
+
+def test_the_slow_side_of_exercise_11_runs_clean_and_its_helpers_are_held(captured, monkeypatch):
+    case = ex11.visible_fast_train()[0]
+    case["args"]["seeds"] = case["args"]["seeds"][:3]
+    case["args"]["min runs"] = 3
+    monkeypatch.setattr(ex11, "_CLOCK", ex11._CLOCK)
+
+    def cheat(*a, **k):
+        ex11._CLOCK = lambda: 0.0  # every later time zero
+        return ex11.slow_train(*a, **k)
+
+    with pytest.raises(integrity.Tampered, match="ex11_profiling._CLOCK"):
+        ex11.call_fast_train(cheat, case["args"])
+
+
+def test_outside_the_grading_child_nothing_is_enforced():
+    assert not integrity._clean and integrity.threads() is None
+    integrity.check("in a notebook's preview")  # no capture: no refusal

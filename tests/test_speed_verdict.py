@@ -1,0 +1,102 @@
+"""Speed verdicts under noise (labkit.exercises.speed), with controlled timings: the same work gets the same points
+however the load falls, a speed-up near a threshold is measured for more rounds, and untouched work scores 0."""
+import random
+from collections import Counter
+
+import pytest
+
+from labkit.exercises import speed
+from labkit.exercises.ex13_capstone import MAX_ROUNDS, ROUNDS, THRESHOLDS
+
+CPU = THRESHOLDS["cpu"]
+
+
+def noisy(true: float, rng: random.Random, sigma: float = 0.04, burst: float = 0.15, second: float = 1.0):
+    """pair(i, base_first) -> (baseline s, submission s): `true` times faster, each side jittered (log-normal,
+    `sigma`), a neighbour's burst making one side of a pair 1.5x slower in `burst` of the rounds, and whichever
+    runs second in a pair `second` times slower (warm caches or a scheduler that favours one position)."""
+    def pair(i: int, base_first: bool) -> tuple[float, float]:
+        b, m = rng.lognormvariate(0, sigma), rng.lognormvariate(0, sigma) / true
+        if rng.random() < burst:
+            b, m = (b * 1.5, m) if rng.random() < 0.5 else (b, m * 1.5)
+        return (b, m * second) if base_first else (b * second, m)
+    return pair
+
+
+def grade(true: float, seed: int, **noise) -> speed.Verdict:
+    pairs = speed.paired_rounds(noisy(true, random.Random(seed), **noise), CPU, ROUNDS, MAX_ROUNDS)
+    return speed.verdict(speed.ratios_of([b for b, _ in pairs], [m for _, m in pairs]), CPU)
+
+
+def test_the_interval_is_the_sign_tests():
+    assert speed.median_interval([5, 1, 4, 2, 3]) == (2, 3, 4)  # n=5: one value left out each side (93.75%)
+    assert speed.median_interval(list(range(15)))[::2] == (4, 10)  # n=15: four each side (94%)
+    assert speed.median_interval([7.0]) == (7.0, 7.0, 7.0)
+    with pytest.raises(ValueError):
+        speed.median_interval([])
+
+
+@pytest.mark.parametrize("true", [1.0, 1.45, 1.8, 2.6])
+def test_the_same_work_gets_the_same_points_in_every_noisy_grading(true):
+    """Speed-ups more than ~10% from every threshold (this noise's reach over 5-15 rounds)."""
+    points = Counter(grade(true, seed).points for seed in range(150))
+    assert points == {speed.points_for(true, CPU): 150}, points
+
+
+def test_the_same_timings_always_give_the_same_verdict():
+    assert len({grade(1.3, 7) for _ in range(5)}) == 1  # no random draws inside the verdict
+
+
+def test_a_speedup_on_a_threshold_is_measured_longer_and_then_its_lower_bound_counts():
+    near = [grade(1.3, seed) for seed in range(60)]
+    far = [grade(1.45, seed) for seed in range(60)]
+    assert sum(v.rounds for v in near) > 1.5 * sum(v.rounds for v in far)
+    assert any(v.rounds == MAX_ROUNDS for v in near) and all(v.rounds >= ROUNDS for v in near + far)
+    for v in near:
+        assert v.points == speed.points_for(v.low, CPU) and (v.settled or v.rounds == MAX_ROUNDS)
+
+
+@pytest.mark.parametrize("noise", [dict(sigma=0.1), dict(sigma=0.05, burst=0.4), dict(sigma=0.04, second=1.19)])
+def test_untouched_work_scores_zero_under_any_load(noise):
+    """The baseline against itself: jitter, frequent bursts, or a 19% edge for whichever runs second."""
+    points = Counter(grade(1.0, seed, **noise).points for seed in range(150))
+    assert points == {0: 150}, points
+    assert CPU[0][0] > 1.1 and THRESHOLDS["cuda"][0][0] > 1.1  # the first point sits above the baseline's noise
+
+
+def test_a_right_median_on_a_loaded_machine_passes_and_a_wrong_one_fails(monkeypatch):
+    """Exercise 03 on a machine so loaded that every sleep runs 4x long plus 5 ms: the grader measures again, then
+    grades against its own measurement of the same calls (its clock and sleep bound before student code)."""
+    import statistics
+
+    from fake_clock import FakeClock
+    from labkit.exercises import ex03_timing as ex03
+
+    clock = FakeClock()
+    monkeypatch.setattr(ex03, "_PERF", clock.perf_counter)
+    monkeypatch.setattr(ex03, "_NAP", lambda s: clock.sleep(4 * s + 5e-3))
+
+    def right(fn, device, warmup, reps):
+        for _ in range(warmup):
+            fn()
+        took = []
+        for _ in range(reps):
+            t0 = clock.perf_counter()
+            fn()
+            took.append((clock.perf_counter() - t0) * 1e3)
+        return statistics.median(took)
+
+    def mean(fn, device, warmup, reps):  # the outlier counted
+        for _ in range(warmup):
+            fn()
+        t0 = clock.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (clock.perf_counter() - t0) * 1e3 / reps
+
+    case = ex03.median_ms_case("loaded", "cpu", [3.0, 40.0], 2, 5, 3)
+    for fn, ok in ((right, True), (mean, False), (lambda fn, device, warmup, reps: 3.0, False)):
+        got = ex03.call_median_ms(fn, case["args"])
+        problems = ex03.compare_median(case["expected"], got, case["rtol"], case["atol"])
+        assert (problems == []) == ok, (fn, problems)
+    assert len(clock.slept) == 2 * ex03.ATTEMPTS * 2 * (2 + 5)  # two of them call fn: measured again, ATTEMPTS times
