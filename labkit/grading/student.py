@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labkit.grading import seal, supervise
+from labkit.grading import safeio, seal, supervise
 from labkit.grading.judge import NEEDS_GPU, Outcome, judge, load_results
 from labkit.grading.report import StudentReport
 from labkit.grading.specs import FnSpec
@@ -45,7 +45,8 @@ def _write_job(in_dir: Path, job: dict, cases: Any) -> None:
 
 def _plan(ctx: Context, report: StudentReport, paths: list[Path]) -> list[dict]:
     """The notebooks to run and the functions to grade in each; outcomes for what cannot be graded."""
-    matched, notes = match_notebooks(paths, list(ctx.specs), ctx.released)
+    matched, notes = match_notebooks(paths, list(ctx.specs), ctx.released,
+                                    {nb: [s.name for s in v] for nb, v in ctx.specs.items()})
     report.choices += [n for n in notes if " notebooks for " in n]
     report.notes += [n for n in notes if " notebooks for " not in n]
     jobs = []
@@ -198,6 +199,7 @@ def grade_student(ctx: Context, index: int, sub: Submission) -> StudentReport:
     finally:
         if ctx.gpu_slots is not None:
             ctx.gpu_slots.put(cuda_visible)
+        safeio.rmtree(work)  # its inputs and whatever its processes left (iteratively: any depth) go now
     report.notes = list(dict.fromkeys(report.notes))  # a notebook run again repeats its cells' notes
     report.incidents = list(dict.fromkeys(report.incidents))
     report.seconds = time.monotonic() - t0
