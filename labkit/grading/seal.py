@@ -1,4 +1,5 @@
-"""Results sealed with a key the parent hands each run on stdin, read before any student code runs.
+"""Results sealed with a key the parent hands each run on stdin, read before any student code runs; a
+shard's outputs sealed with a key made from the hidden tests (graded_key), checked by `labkit grade merge`.
 
 The child writes `<function>.pt` and reports its HMAC in the `fn_done` event; the parent accepts a
 results file only with a matching seal. A file the student's code wrote or changed is refused,
@@ -10,6 +11,7 @@ import hashlib
 import hmac
 import io
 import os
+from pathlib import Path
 
 
 def new_key() -> str:
@@ -28,6 +30,26 @@ def read_key() -> bytes:
     os.dup2(null, 0)
     os.close(null)
     return data.strip()
+
+
+def graded_key(graded: Path, seed: int) -> bytes:
+    """A key only the holder of the hidden tests can make: a hash of every file in the graded folder, and the
+    seed. It seals a shard's outputs (`labkit grade --shard`), so `labkit grade merge` can tell edited ones."""
+    h = hashlib.sha256(f"labkit-shard-seal\0{seed}\0".encode())
+    for path in sorted(p for p in graded.iterdir() if p.is_file() and not p.name.startswith(".")):
+        h.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.digest()
+
+
+def seal_files(key: bytes, files: dict[str, str]) -> str:
+    """The seal of a set of output files (relative name -> text)."""
+    body = b"".join(name.encode() + b"\0" + hashlib.sha256(text.encode()).digest()
+                    for name, text in sorted(files.items()))
+    return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def check_files(key: bytes, files: dict[str, str], mac: object) -> bool:
+    return isinstance(mac, str) and hmac.compare_digest(seal_files(key, files), mac)
 
 
 def seal(key: bytes, name: str, payload: bytes) -> str:
