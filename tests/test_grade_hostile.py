@@ -55,7 +55,10 @@ def test_a_deep_submission_folder_and_a_255_character_name_get_their_rows(tmp_pa
         (tmp_path / name).mkdir()
         (tmp_path / name / f"{NB}.ipynb").write_bytes((SOLUTIONS / f"{NB}.ipynb").read_bytes())
     chain(tmp_path / "deep", 1500)
-    found = {s.original: s for s in submissions.find_submissions(tmp_path)}
+    try:
+        found = {s.original: s for s in submissions.find_submissions(tmp_path)}
+    finally:
+        safeio.rmtree(tmp_path / "deep" / "d")  # pytest's own cleanup of old temporary folders recurses
     assert set(found) == {"deep", long_name, ".hidden", "=HYPERLINK(1)"}  # Jupyter's checkpoints: no student
     assert [p.name for p in found["deep"].notebooks] == [f"{NB}.ipynb"]
     assert any("levels deep" in n for n in found["deep"].notes)
