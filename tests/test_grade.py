@@ -57,6 +57,21 @@ def save(root: Path, student: str, notebooks: dict[str, dict]) -> None:
         (root / student / f"{name}.ipynb").write_text(json.dumps(content))
 
 
+RELOAD = """
+import importlib
+import labkit.parallel.schedule as schedule
+def one_f_one_b(stage, p, m):
+    return importlib.reload(schedule).order_1f1b(stage, p, m)
+"""
+FROM_SOURCE = """
+import inspect
+import labkit.serving.batcher as batcher
+_ns = {}
+exec(open(inspect.getsourcefile(batcher)).read(), _ns)
+launch_delay = _ns["launch_delay"]
+"""
+
+
 def visible_attainable_table() -> dict:
     """What a student who hard-codes the visible checks' answers would write."""
     cases = exercises.function("attainable_tflops").visible()
@@ -127,6 +142,10 @@ def graded(tmp_path_factory, grader_sandbox_flags):
                 "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"
                 "    q, k, v = (t if t.stride(-1) == 1")
     save(subs, "cheater", {"01_device_placement": cheat, "04_roofline": cached, "09_attention": sdpa})
+    # reaches labkit's answers past the stubs: a module reload, the source file read and run (issue 40)
+    save(subs, "reloader", {
+        "10_model_parallel": add_cell(nb("10_model_parallel", EXERCISES), RELOAD, after="def one_f_one_b"),
+        "12_serving": add_cell(nb("12_serving", EXERCISES), FROM_SOURCE, after="def launch_delay")})
     # reads the solutions and the graded tests, writes the grades, signals the grader
     snoop = edit(nb("04_roofline"), "return 2 * m * n * k, (m * k + k * n + m * n) * itemsize",
                  f"text = open({str(SOLUTIONS / '04_roofline.ipynb')!r}).read()\n"
@@ -246,6 +265,14 @@ def test_cheating_in_the_students_own_process_does_not_pay(graded):
     assert rows["cheater"]["matmul_flops_bytes"] == "1"
     assert rows["cheater"]["flash_attention"] == "0"  # PyTorch's attention instead of the notebook's kernel
     assert "ran a @triton.jit kernel defined in your notebook: expected True, got False" in feedback["cheater"]
+
+
+def test_answers_in_labkit_are_out_of_reach_while_graded(graded, grader_sandbox_flags):
+    rows, feedback, _ = graded
+    assert rows["reloader"]["one_f_one_b"] == rows["reloader"]["launch_delay"] == "0", feedback["reloader"]
+    if not grader_sandbox_flags:  # in the sandbox, labkit is a copy without them (labkit.grading.strip)
+        assert "order_1f1b is what exercise 10_model_parallel asks you to write" in feedback["reloader"]
+        assert "the grader's copy of labkit does not have it" in feedback["reloader"]
 
 
 def test_the_cached_answers_would_have_passed_the_visible_check(capsys):

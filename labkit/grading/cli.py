@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit import cuda
-from labkit.grading import safeio, sandbox, seal
+from labkit.grading import safeio, sandbox, seal, strip
 from labkit.grading.judge import Outcome
 from labkit.grading.report import StudentReport, fmt_points, publish, write_reports
 from labkit.grading.specs import default_seed, load_specs, make_cases
@@ -187,10 +187,26 @@ def grade(config: GradeConfig) -> list[StudentReport]:
     except sandbox.SandboxError:
         safeio.rmtree(workroot)
         raise
+    copies: dict[tuple, Path] = {}
+    copies_lock = threading.Lock()
+
+    def labkit_copy(owned: dict[str, str]) -> Path | None:
+        """The labkit a child grading these answers sees: a copy without them (made once per set)."""
+        if isinstance(box, sandbox.NoSandbox):
+            return None
+        key = tuple(sorted(owned.items()))
+        with copies_lock:
+            if key not in copies:
+                folder = workroot / "labkit-copies" / str(len(copies))
+                folder.mkdir(parents=True)
+                copies[key] = strip.stripped_copy(owned, folder)
+            return copies[key]
+
     cpus = os.cpu_count() or 1
     limits = Limits(config.memory_mb, max(1, cpus // workers))
     ctx = Context(specs, config.timeout, config.exercise_timeout or max(5.0, config.timeout / 4), limits, gpu,
-                  gpu and cuda.missing() is None, [str(p) for p in protected], workroot, box, released, slots)
+                  gpu and cuda.missing() is None, [str(p) for p in protected], workroot, box, released, slots,
+                  labkit_copy)
     columns = [s for nb in specs.values() for s in nb]
     device = "a GPU" if gpu else "the CPU (no GPU)"
     share = f" (shard {k}/{n} of {len(everyone)})" if config.shard else ""

@@ -33,6 +33,7 @@ class Context:
     box: Any  # sandbox.Bwrap or sandbox.NoSandbox
     released: dict[str, Path]  # the released exercise notebooks, to tell an edited notebook from the stub
     gpu_slots: Any = None  # queue of CUDA_VISIBLE_DEVICES values
+    labkit_copy: Any = None  # {answer: its notebook} -> the labkit copy without them (grading.strip), or None
 
 
 def _write_job(in_dir: Path, job: dict, cases: Any) -> None:
@@ -79,17 +80,17 @@ def _plan(ctx: Context, report: StudentReport, paths: list[Path]) -> list[dict]:
     return jobs
 
 
-def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device: str,
-                   report: StudentReport) -> tuple[dict[str, tuple], dict[str, str]]:
-    """Run the notebooks in a child, again after a death for what is left; ((results file, key, seal) per
-    function, why some have none)."""
+def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device: str, report: StudentReport,
+                   tag: str = "", labkit_copy: Path | None = None) -> tuple[dict[str, tuple], dict[str, str]]:
+    """Run the notebooks in a child (seeing `labkit_copy` as labkit), again after a death for what is left;
+    ((results file, key, seal) per function, why some have none)."""
     by_name = {s.name: s for specs in ctx.specs.values() for s in specs}
     results: dict[str, tuple] = {}
     died: dict[str, str] = {}  # function -> why it has no result
     remaining, launch = [j for j in jobs if j["functions"]], 0
     while remaining:
         launch += 1
-        run = work / f"run-{launch}"
+        run = work / f"run-{tag}{launch}"
         job = {"notebooks": remaining, "device": device, "cell_timeout": ctx.exercise_timeout,
                "exercise_timeout": ctx.exercise_timeout, "memory_mb": ctx.limits.memory_mb,
                "rlimit_as": device == "cpu", "threads": ctx.limits.threads,
@@ -99,7 +100,7 @@ def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device
         _write_job(run / "in", job, cases)
         key = seal.new_key()
         events, killed, rc = supervise.launch(ctx.box, "labkit.grading.child", run, work, env, ctx.limits,
-                                              120 + ctx.timeout * len(remaining), ctx.timeout, key)
+                                              120 + ctx.timeout * len(remaining), ctx.timeout, key, labkit_copy)
         names = {j["name"] for j in remaining}
         events = [ev for ev in events if ev.get("nb") in names]  # the child's word, about what it was given only
         asked = {fn for j in remaining for fn in j["functions"]}
@@ -146,6 +147,18 @@ def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device
     return results, died
 
 
+def _by_answers(ctx: Context, jobs: list[dict]) -> list[tuple[dict[str, str], list[dict]]]:
+    """The notebooks grouped by the labkit answers their graded functions must not reach ({dotted name: its
+    notebook}): a notebook with answers runs alone, with those stripped (exercise 13 may use exercise 09's
+    kernel from labkit; exercise 09 may not); the others together."""
+    by_name = {s.name: s for specs in ctx.specs.values() for s in specs}
+    groups: dict[tuple, tuple[dict[str, str], list[dict]]] = {}
+    for j in jobs:
+        owned = {d: j["name"] for fn in j["functions"] for d in by_name[fn].fn.answers}
+        groups.setdefault(tuple(sorted(owned)), (owned, []))[1].append(j)
+    return list(groups.values())
+
+
 def _run_stage(ctx: Context, work: Path, spec: FnSpec, results: list, env: dict) -> Outcome:
     """The function's Stage (e.g. build the CUDA source it returned), in a fresh process with no student Python."""
     first = results[0] if results and isinstance(results[0], dict) else {}
@@ -183,7 +196,12 @@ def grade_student(ctx: Context, index: int, sub: Submission) -> StudentReport:
     try:
         device = "cuda" if ctx.gpu else "cpu"
         env = supervise.child_env(ctx.limits, ctx.box.scratch_for(work), device, cuda_visible)
-        files, died = _run_notebooks(ctx, work, jobs, env, device, report)
+        files, died = {}, {}
+        for i, (owned, group) in enumerate(_by_answers(ctx, jobs)):  # answers stripped, each in its own child
+            copy = ctx.labkit_copy(owned) if owned and ctx.labkit_copy is not None else None
+            f, d = _run_notebooks(ctx, work, group, env, device, report, f"{i}-", copy)
+            files.update(f)
+            died.update(d)
         for nb in jobs:
             for fn in nb["functions"]:
                 spec = next(s for s in ctx.specs[nb["name"]] if s.name == fn)

@@ -115,19 +115,20 @@ def _over_limits(proc, out_dir: Path, log_fd: int, limits: Limits, ticks: int) -
 
 
 def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, budget: float,
-           nb_timeout: float | None, key: str) -> tuple[list[dict], str | None, int | None]:
+           nb_timeout: float | None, key: str,
+           labkit_copy: Path | None = None) -> tuple[list[dict], str | None, int | None]:
     """Run `python -m module IN OUT` in `box` under the limits; (its events, why it was killed, exit code).
 
     run/in is the job (written by the parent), run/out the only host folder the process can write,
     run/log.txt its output. Events are read as they grow, never more than EVENTS_CAP bytes. `key`
-    goes to the process on stdin (labkit.grading.seal).
+    goes to the process on stdin (labkit.grading.seal). `labkit_copy`: the labkit it sees (grading.strip).
     """
     out_dir = run / "out"
     out_dir.mkdir(parents=True)
     events_path = out_dir / "events.jsonl"
     os.close(os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
     reader = safeio.EventReader(events_path, cap=EVENTS_CAP)
-    argv, cwd = box.command(module, run / "in", out_dir, env, work)
+    argv, cwd = box.command(module, run / "in", out_dir, env, work, labkit_copy)
     with open(run / "log.txt", "xb") as logf:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=logf,
                                 stderr=subprocess.STDOUT, start_new_session=True)
