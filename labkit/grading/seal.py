@@ -18,18 +18,37 @@ def new_key() -> str:
     return os.urandom(16).hex()
 
 
-def read_key() -> bytes:
-    """The key on stdin (up to its end), then stdin becomes /dev/null."""
+def read_key(keep: bool = False) -> bytes | tuple[bytes, int]:
+    """The key on stdin (its first line), then stdin becomes /dev/null. `keep`: (key, an fd on the rest of
+    the parent's pipe, where it sends the hidden cases later: read_frame)."""
     data = b""
-    while len(data) < 256:
-        chunk = os.read(0, 256)
+    while len(data) < 256 and not data.endswith(b"\n"):
+        chunk = os.read(0, 1)
         if not chunk:
             break
         data += chunk
+    rest = os.dup(0) if keep else None
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    return data.strip()
+    return (data.strip(), rest) if keep else data.strip()
+
+
+def frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(8, "little") + payload
+
+
+def read_frame(fd: int, read=os.read) -> bytes:
+    """One frame (8-byte length, then the bytes) from `fd`; EOFError if the pipe ends first."""
+    def exactly(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = read(fd, min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise EOFError("the grader's pipe closed")
+            buf += chunk
+        return buf
+    return exactly(int.from_bytes(exactly(8), "little"))
 
 
 def graded_key(graded: Path, seed: int) -> bytes:

@@ -36,12 +36,28 @@ class Context:
     labkit_copy: Any = None  # {answer: its notebook} -> the labkit copy without them (grading.strip), or None
 
 
-def _write_job(in_dir: Path, job: dict, cases: Any) -> None:
+def _write_job(in_dir: Path, job: dict, cases: Any = None) -> None:
+    """job.json, and cases.pt when `cases` is given (a stage: no student Python reads it)."""
     import torch
 
     in_dir.mkdir(parents=True)
     (in_dir / "job.json").write_text(json.dumps(job))
-    torch.save(cases, in_dir / "cases.pt")
+    if cases is not None:
+        torch.save(cases, in_dir / "cases.pt")
+
+
+def _frames(cases: dict, jobs: list[dict]) -> dict[str, bytes]:
+    """Each notebook's case arguments as torch.save bytes (sent on the child's stdin when it asks)."""
+    import io
+
+    import torch
+
+    out = {}
+    for j in jobs:
+        buf = io.BytesIO()
+        torch.save({fn: cases[fn] for fn in j["functions"]}, buf)
+        out[j["name"]] = buf.getvalue()
+    return out
 
 
 def _plan(ctx: Context, report: StudentReport, paths: list[Path]) -> list[dict]:
@@ -97,10 +113,11 @@ def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device
                "forbidden": ctx.forbidden + [str(ctx.workroot)], "allowed": [str(work)]}
         cases = {fn: ([{"args": {}}] if by_name[fn].fn.stage else [{"args": c["args"]} for c in by_name[fn].cases])
                  for j in remaining for fn in j["functions"]}
-        _write_job(run / "in", job, cases)
+        _write_job(run / "in", job)
         key = seal.new_key()
         events, killed, rc = supervise.launch(ctx.box, "labkit.grading.child", run, work, env, ctx.limits,
-                                              120 + ctx.timeout * len(remaining), ctx.timeout, key, labkit_copy)
+                                              120 + ctx.timeout * len(remaining), ctx.timeout, key, labkit_copy,
+                                              _frames(cases, remaining))
         names = {j["name"] for j in remaining}
         events = [ev for ev in events if ev.get("nb") in names]  # the child's word, about what it was given only
         asked = {fn for j in remaining for fn in j["functions"]}

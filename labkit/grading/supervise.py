@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from labkit import proctree
-from labkit.grading import safeio
+from labkit.grading import safeio, seal
 from labkit.paths import COURSE_ROOT
 
 
@@ -115,13 +116,15 @@ def _over_limits(proc, out_dir: Path, log_fd: int, limits: Limits, ticks: int) -
 
 
 def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, budget: float,
-           nb_timeout: float | None, key: str,
-           labkit_copy: Path | None = None) -> tuple[list[dict], str | None, int | None]:
+           nb_timeout: float | None, key: str, labkit_copy: Path | None = None,
+           feed: dict[str, bytes] | None = None) -> tuple[list[dict], str | None, int | None]:
     """Run `python -m module IN OUT` in `box` under the limits; (its events, why it was killed, exit code).
 
     run/in is the job (written by the parent), run/out the only host folder the process can write,
     run/log.txt its output. Events are read as they grow, never more than EVENTS_CAP bytes. `key`
     goes to the process on stdin (labkit.grading.seal). `labkit_copy`: the labkit it sees (grading.strip).
+    `feed`: notebook -> its hidden cases (torch.save bytes), sent on stdin once, only when the process asks for
+    them (a `cases` event, after the notebook's cells ran): they are never a file in the sandbox.
     """
     out_dir = run / "out"
     out_dir.mkdir(parents=True)
@@ -133,18 +136,26 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=logf,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc.stdin.write(key.encode())
-            proc.stdin.close()
+            proc.stdin.write(key.encode() + b"\n")
+            proc.stdin.flush()
+            if not feed:
+                proc.stdin.close()
         except OSError:  # it died before reading: its exit code says why
             pass
+        sent: set[str] = set()
         started = time.monotonic()
         killed, nb_started, ticks = None, None, 0
         while proc.poll() is None:
             time.sleep(0.1)
             ticks += 1
             now = time.monotonic()
-            if any(ev.get("ev") == "nb_start" for ev in reader.poll()):
+            new = reader.poll()
+            if any(ev.get("ev") == "nb_start" for ev in new):
                 nb_started = now
+            for ev in new:
+                if feed and ev.get("ev") == "cases" and ev.get("nb") in feed and ev["nb"] not in sent:
+                    sent.add(ev["nb"])
+                    threading.Thread(target=_send, args=(proc.stdin, seal.frame(feed[ev["nb"]])), daemon=True).start()
             if reader.flooded:
                 killed = (f"stopped: its progress log was flooded (more than {EVENTS_CAP // 2**20} MB; only the "
                           f"grader writes there)")
@@ -161,11 +172,24 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
         except (ProcessLookupError, PermissionError):
             pass
         rc = box.exit_code(proc.wait())
+        try:
+            proc.stdin.close()
+        except (OSError, ValueError):
+            pass
     events = reader.drain()
     reader.close()
     if reader.flooded and killed is None:
         killed = f"its progress log was flooded (more than {EVENTS_CAP // 2**20} MB; only the grader writes there)"
     return events, killed, rc
+
+
+def _send(pipe, data: bytes) -> None:
+    """Write to the process's stdin from a thread of its own: a process that never reads cannot stall the watchdog."""
+    try:
+        pipe.write(data)
+        pipe.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def log_tail(log: Path, lines: int = 6) -> str:
