@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from labkit import check, exercises
+from labkit.exercises.ex09_attention import RAN_OWN_KERNEL
 from labkit.exercises.ex11_profiling import MIN_SPEEDUP
 from labkit.grading import judge, specs, submissions
 from labkit.paths import child_env
@@ -264,7 +265,7 @@ def test_cheating_in_the_students_own_process_does_not_pay(graded):
     assert rows["cheater"]["attainable_tflops"] == "0"  # cached visible answers fail on the hidden cases
     assert rows["cheater"]["matmul_flops_bytes"] == "1"
     assert rows["cheater"]["flash_attention"] == "0"  # PyTorch's attention instead of the notebook's kernel
-    assert "ran a @triton.jit kernel defined in your notebook: expected True, got False" in feedback["cheater"]
+    assert f"{RAN_OWN_KERNEL}: expected True, got False" in feedback["cheater"]
 
 
 def test_answers_in_labkit_are_out_of_reach_while_graded(graded, grader_sandbox_flags):
