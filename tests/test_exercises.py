@@ -368,8 +368,9 @@ def _input_classes(case: dict) -> set:
 
 
 def test_every_visible_check_covers_the_classes_of_the_hidden_cases():
-    """A ✓ from a notebook's check means the grader agrees on classes: the hidden cases (solutions/graded; the CPU plan, and
-    the GPU plan where CUDA is) use no dtype, view or layout the visible check lacks (issue 40: 05's check ran one contiguous case)."""
+    """A ✓ from a notebook's check means the grader agrees on classes: the hidden cases (solutions/graded; the CPU
+    plan, and the GPU plan where CUDA is) use no dtype, view or layout the visible check lacks (issue 40: 05's check
+    ran one contiguous case)."""
     from labkit.grading.specs import default_seed, load_specs, make_cases
 
     graded = SOLUTIONS / "graded"
