@@ -215,7 +215,7 @@ def test_wrong_answers_lose_marks_with_what_is_wrong(graded):
     assert r["average_gradients"] == "0" and "wrong shape: expected (5,), got (1, 5)" in fb
     assert r["accumulated_grads"] == "0" and "wrong dtype: expected torch.float32, got torch.float64" in fb
     assert r["to_device"] == "1" and r["found_inf"] == "0"  # graded notebooks not submitted count zero
-    assert r["flash_attention"] == "0.33" and "elements differ (rtol=0.016" in fb  # right only at 1 token (one tile)
+    assert r["flash_attention"] == "0.29" and "elements differ (rtol=0.016" in fb  # right only at 1 token: 1 of 7
     # slow_train handed in as fast_train: right results, none of the fixes (4 of a case's 5 shares lost), and the
     # speed-up share only where the grader measured 2x between two runs of the same code (luck: not asserted)
     assert all(f"{fix}: " in fb for fix in ("clip", "sync", "copies", "ops")), fb
@@ -290,7 +290,7 @@ def test_reading_solutions_writing_grades_and_signals_are_refused(graded):
     assert "grading sandbox: os.kill is not allowed" in fb
     assert "starting cat is not allowed" in fb
     assert "snoop,999" not in stdout and rows["snoop"]["total"] == "0"
-    assert len(rows) == 12  # nobody added a row
+    assert len(rows) == 13  # nobody added a row
 
 
 def test_a_single_renamed_notebook_is_matched_and_magics_are_skipped(graded):
