@@ -357,3 +357,52 @@ def functions_from_edited(path: Path, old: str, new: str, folder: Path) -> dict:
     copy = folder / path.name
     copy.write_text(json.dumps(nb))
     return functions_from(copy)
+
+
+def _input_classes(case: dict) -> set:
+    """The classes of input a case exercises: each tensor argument's dtype, its view or layout, causal or not."""
+    out = set()
+    for k, v in case["args"].items():
+        if isinstance(v, torch.Tensor):
+            out.add((k, str(v.dtype).removeprefix("torch.")))
+        elif k in ("view", "layout", "causal") and v is not None:
+            out.add((k, v))
+    return out
+
+
+def test_every_visible_check_covers_the_classes_of_the_hidden_cases():
+    """A ✓ from a notebook's check means the grader agrees on classes: the hidden cases (solutions/graded; the CPU
+    plan, and the GPU plan where CUDA is) use no dtype, view or layout the visible check lacks (issue 40: 05's check
+    ran one contiguous case)."""
+    from labkit.grading.specs import default_seed, load_specs, make_cases
+
+    graded = SOLUTIONS / "graded"
+    missing = {}
+    for specs in load_specs(graded).values():
+        for s in specs:
+            if s.fn.visible is None:  # 06's CUDA source: built and run by the grader only (a GPU and nvcc)
+                assert s.fn.needs_gpu and s.fn.stage is not None, s.name
+                continue
+            visible = set().union(*map(_input_classes, s.fn.visible()))
+            for gpu in {False, torch.cuda.is_available()}:  # the GPU plan where it can be made
+                hidden = set().union(*map(_input_classes, make_cases(s, default_seed(graded), gpu)))
+                if hidden - visible:
+                    missing[(s.name, gpu)] = sorted(hidden - visible, key=str)
+    assert not missing, missing
+
+
+def test_row_sum_check_catches_ignored_strides_and_a_launch_on_a_scratch_buffer(capsys, tmp_path):
+    from labkit.exercises.ex05_triton_row_sum import LAUNCHED
+
+    path = SOLUTIONS / "05_triton_row_sum.ipynb"
+    assert check.row_sum(functions_from(path)["row_sum"]) is True
+    capsys.readouterr()
+    no_stride = functions_from_edited(path, "cols * stride_col", "cols", tmp_path)  # issue 40's kernel
+    assert check.row_sum(no_stride["row_sum"]) is False
+    assert "elements differ" in capsys.readouterr().out
+    (tmp_path / "s").mkdir()
+    scratch = functions_from_edited(path, "row_sum_kernel[(rows,)](x, out,", "row_sum_kernel[(rows,)](x, x.new_empty("
+                                    "rows, dtype=torch.float32),", tmp_path / "s")
+    assert "x.new_empty(" in (tmp_path / "s" / path.name).read_text()
+    assert check.row_sum(lambda x: scratch["row_sum"](x).copy_(x.float().sum(1))) is False  # library's result
+    assert f"{LAUNCHED}: expected True, got False" in capsys.readouterr().out

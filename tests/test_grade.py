@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from labkit import check, exercises
+from labkit.exercises.ex09_attention import RAN_OWN_KERNEL
 from labkit.exercises.ex11_profiling import MIN_SPEEDUP
 from labkit.grading import judge, specs, submissions
 from labkit.paths import child_env
@@ -55,6 +56,21 @@ def save(root: Path, student: str, notebooks: dict[str, dict]) -> None:
     (root / student).mkdir(parents=True)
     for name, content in notebooks.items():
         (root / student / f"{name}.ipynb").write_text(json.dumps(content))
+
+
+RELOAD = """
+import importlib
+import labkit.parallel.schedule as schedule
+def one_f_one_b(stage, p, m):
+    return importlib.reload(schedule).order_1f1b(stage, p, m)
+"""
+FROM_SOURCE = """
+import inspect
+import labkit.serving.batcher as batcher
+_ns = {}
+exec(open(inspect.getsourcefile(batcher)).read(), _ns)
+launch_delay = _ns["launch_delay"]
+"""
 
 
 def visible_attainable_table() -> dict:
@@ -128,6 +144,10 @@ def graded(tmp_path_factory, grader_sandbox_flags):
                 "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"
                 "    q, k, v = (t if t.stride(-1) == 1")
     save(subs, "cheater", {"01_device_placement": cheat, "04_roofline": cached, "09_attention": sdpa})
+    # reaches labkit's answers past the stubs: a module reload, the source file read and run (issue 40)
+    save(subs, "reloader", {
+        "10_model_parallel": add_cell(nb("10_model_parallel", EXERCISES), RELOAD, after="def one_f_one_b"),
+        "12_serving": add_cell(nb("12_serving", EXERCISES), FROM_SOURCE, after="def launch_delay")})
     # reads the solutions and the graded tests, writes the grades, signals the grader
     snoop = edit(nb("04_roofline"), "return 2 * m * n * k, (m * k + k * n + m * n) * itemsize",
                  f"text = open({str(SOLUTIONS / '04_roofline.ipynb')!r}).read()\n"
@@ -197,7 +217,7 @@ def test_wrong_answers_lose_marks_with_what_is_wrong(graded):
     assert r["accumulated_grads"] == "0" and "wrong dtype: expected torch.float32, got torch.float64" in fb
     assert r["to_device"] == "1" and r["found_inf"] == "0"  # graded notebooks not submitted count zero
     assert r["update_cache"] == "1" and r["decode_step"] == "0"  # attends past each sequence's own position
-    assert r["flash_attention"] == "0.33" and "elements differ (rtol=0.016" in fb  # right only at 1 token (one tile)
+    assert r["flash_attention"] == "0.29" and "elements differ (rtol=0.016" in fb  # right only at 1 token: 1 of 7
     # slow_train handed in as fast_train: right results, none of the fixes (4 of a case's 5 shares lost), and the
     # speed-up share only where the grader measured 2x between two runs of the same code (luck: not asserted)
     assert all(f"{fix}: " in fb for fix in ("clip", "sync", "copies", "ops")), fb
@@ -247,7 +267,15 @@ def test_cheating_in_the_students_own_process_does_not_pay(graded):
     assert rows["cheater"]["attainable_tflops"] == "0"  # cached visible answers fail on the hidden cases
     assert rows["cheater"]["matmul_flops_bytes"] == "1"
     assert rows["cheater"]["flash_attention"] == "0"  # PyTorch's attention instead of the notebook's kernel
-    assert "ran a @triton.jit kernel defined in your notebook: expected True, got False" in feedback["cheater"]
+    assert f"{RAN_OWN_KERNEL}: expected True, got False" in feedback["cheater"]
+
+
+def test_answers_in_labkit_are_out_of_reach_while_graded(graded, grader_sandbox_flags):
+    rows, feedback, _ = graded
+    assert rows["reloader"]["one_f_one_b"] == rows["reloader"]["launch_delay"] == "0", feedback["reloader"]
+    if not grader_sandbox_flags:  # in the sandbox, labkit is a copy without them (labkit.grading.strip)
+        assert "order_1f1b is what exercise 10_model_parallel asks you to write" in feedback["reloader"]
+        assert "the grader's copy of labkit does not have it" in feedback["reloader"]
 
 
 def test_the_cached_answers_would_have_passed_the_visible_check(capsys):
@@ -264,7 +292,7 @@ def test_reading_solutions_writing_grades_and_signals_are_refused(graded):
     assert "grading sandbox: os.kill is not allowed" in fb
     assert "starting cat is not allowed" in fb
     assert "snoop,999" not in stdout and rows["snoop"]["total"] == "0"
-    assert len(rows) == 12  # nobody added a row
+    assert len(rows) == 13  # nobody added a row
 
 
 def test_a_single_renamed_notebook_is_matched_and_magics_are_skipped(graded):

@@ -5,8 +5,11 @@ started outside Python's audited calls, signals to the grader, files reached thr
 torch.from_file, links made at run time or relative paths; writes to the course, the graded tests,
 another student's notebook and earlier grade files; forged results and events and an event flood;
 /dev/shm files; links, FIFOs and name collisions among the submissions; a constant for the timing
-exercise and a Triton stub that never runs. None may gain a point, change a file outside the grader's
-own output, or change an honest student's grade, and the batch must complete.
+exercise and a Triton stub that never runs; what the parent must not trust (issue 40): a 1,500-deep
+folder chain made in the results folder, /tmp and the submission, a 255-character name, a formula as a
+name, a hidden folder, a 50 MB cell output, two edited notebooks, /tmp filled past the memory limit,
+100,000 files in /tmp, 70 MB printed. None may gain a point, change a file outside the grader's own
+output, or change an honest student's grade, and the batch must complete.
 """
 import csv
 import hashlib
@@ -117,11 +120,8 @@ def forger(fn: str) -> str:
     """Writes results and events for `fn` as the harness would (wrong seal), then exits before grading."""
     return f"""
 import json, os, torch
-cases = torch.load('/grader/in/cases.pt', weights_only=True)
-args = cases[{fn!r}]
-obs = [{{'obs': {{'returns (flops, bytes)': True, 'FLOPs': 2 * a['args']['m'] * a['args']['n'] * a['args']['k'],
-        'bytes': (a['args']['m'] * a['args']['k'] + a['args']['k'] * a['args']['n'] + a['args']['m'] * a['args']['n'])
-                 * a['args']['itemsize']}}}} for a in args]
+assert not os.path.exists('/grader/in/cases.pt')  # the hidden inputs are never a file in the sandbox
+obs = [{{'obs': {{'returns (flops, bytes)': True, 'FLOPs': 2, 'bytes': 12}}}} for _ in range(4)]
 torch.save({{'cases': obs}}, '/grader/out/{fn}.pt')
 with open('/grader/out/events.jsonl', 'a') as f:
     for ev in ['nb_start', 'fn_start', 'fn_done', 'nb_done']:
@@ -152,13 +152,58 @@ raise RuntimeError('planted')
 """
 
 
+DEEP = """
+import os
+for top in ('/grader/out', '/tmp', '.'):
+    fd = os.open(top, os.O_RDONLY)
+    for _ in range(1500):
+        os.mkdir('d', dir_fd=fd)
+        new = os.open('d', os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = new
+    os.close(fd)
+raise RuntimeError('deep chains made')
+"""
+
+TMPFILL = """
+import time, torch
+with open('/tmp/fill', 'wb') as f:  # tmpfs: memory that is no process's RSS
+    for _ in range(650):
+        f.write(b'x' * 2**20)
+hold = torch.ones(650 * 2**18)  # 650 MB resident: under the limit alone, over it with /tmp
+time.sleep(6)
+raise RuntimeError('not stopped')
+"""
+
+INODES = """
+import os, time
+os.mkdir('/tmp/many')
+for i in range(120_000):
+    os.close(os.open(f'/tmp/many/{i}', os.O_CREAT | os.O_WRONLY))
+time.sleep(3)
+raise RuntimeError('not stopped')
+"""
+
+PRINTER = """
+import sys, time
+line = 'y' * 2**20
+for _ in range(70):
+    sys.stdout.write(line)
+sys.stdout.flush()
+time.sleep(3)
+raise RuntimeError('not stopped')
+"""
+
+
 def tree_hash(*roots: Path, skip: tuple[Path, ...] = ()) -> dict[str, str]:
-    """Path -> hash of every file, link and FIFO under `roots` (links and FIFOs by their kind and target)."""
+    """Path -> hash of every file, link and FIFO under `roots` (links and FIFOs by their kind and target); a
+    root may be a file; folder chains of any depth are walked without recursion."""
     out = {}
     for root in roots:
-        for dirpath, dirs, files in os.walk(root):
+        walk = [(str(root.parent), [], [root.name])] if not root.is_dir() else safeio.walk(root, 10**4, 10**7)
+        for dirpath, dirs, files in walk:
             dirs[:] = [d for d in dirs if d not in (".git", "__pycache__", ".ipynb_checkpoints")]
-            for name in files + [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]:
+            for name in files:
                 p = Path(dirpath) / name
                 if any(p == s or s in p.parents for s in skip):
                     continue
@@ -183,7 +228,7 @@ def stray_processes() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory):
+def hostile(tmp_path_factory, request):
     base = tmp_path_factory.mktemp("hostile")
     subs, out = base / "submissions", base / "grades"
     subs.mkdir()
@@ -235,12 +280,36 @@ def hostile(tmp_path_factory):
     put(subs / "unlaunched", "05_triton_row_sum", edit(
         nb("05_triton_row_sum"), "row_sum_kernel[(rows,)](x, out, cols, x.stride(0), x.stride(1), BLOCK=block)",
         "out.copy_(x.float().sum(1))"))
+    # what the parent must not trust (issue 40); the heaviest named to be graded last, not beside the honest student
+    put(subs / "deep", "04_roofline", with_cell(stub(), DEEP))
+    put(subs / "z_tmpfill", "04_roofline", with_cell(stub(), TMPFILL))
+    put(subs / "z_inodes", "04_roofline", with_cell(stub(), INODES))
+    put(subs / "z_printer", "04_roofline", with_cell(stub(), PRINTER))
+    put(subs / "=HYPERLINK(1)", "04_roofline", stub())
+    put(subs / ("x" * 255), "04_roofline", nb("04_roofline"))
+    put(subs / ".hidden", "04_roofline", nb("04_roofline"))
+    put(subs / "deepfolder", "04_roofline", nb("04_roofline"))
+    request.addfinalizer(lambda: safeio.rmtree(subs / "deepfolder"))  # pytest's own cleanup recurses
+    fd = os.open(subs / "deepfolder", os.O_RDONLY)
+    for _ in range(1500):
+        os.mkdir("d", dir_fd=fd)
+        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.close(fd)
+    big = nb("04_roofline")
+    next(c for c in big["cells"] if c["cell_type"] == "code")["outputs"] = [
+        {"output_type": "stream", "name": "stdout", "text": "y" * (50 * 2**20)}]
+    put(subs / "big_output", "04_roofline", big)
+    put(subs / "twoedits", "04_roofline", with_cell(stub(), "x = 1  # started, then gave up"))  # the exact name
+    put(subs / "twoedits", "04_roofline (1)", nb("04_roofline"))  # the finished one
 
     watched = (ROOT / "labkit", ROOT / "solutions", ROOT / "exercises", ROOT / "tests", subs, out, precious)
     before = tree_hash(*watched, base / "outside.txt", skip=(out / "feedback",))
     shm_before = set(os.listdir("/dev/shm"))
 
     env = child_env(ROOT)
+    env["TMPDIR"] = str(base / "gradertmp")  # where the grader makes its work folders
+    (base / "gradertmp").mkdir()
     cmd = [sys.executable, "-m", "labkit.cli", "grade", "submissions", "--out", "grades", "--workers", "2",
            "--share-cores", "--timeout", "40", "--exercise-timeout", "15", "--memory-mb", "1500", "--device", "cpu",
            "--only", "03_timing", "04_roofline", "05_triton_row_sum"]
@@ -266,6 +335,29 @@ def test_the_batch_completes_and_every_submission_has_its_own_row(hostile):
     assert len(lide) == 2 and len({r["student"] for r in lide}) == 2  # never merged
     assert {r["submission"]: r["total"] for r in lide} == {"col lide": "2", "col_lide": "0"}
     print(f"hostile batch: {len(rows)} submissions in {hostile['seconds']:.0f} s")
+
+
+def test_what_a_submission_makes_does_not_sink_the_batch_or_an_honest_student(hostile):
+    rows, fb = hostile["rows"], hostile["feedback"]
+    for name in ("deep", "z_tmpfill", "z_inodes", "z_printer", "HYPERLINK_1"):
+        assert rows[name]["total"] == "0", (name, rows[name], fb.get(name))
+    assert "deep chains made" in fb["deep"], fb["deep"]
+    assert "ran out of memory" in fb["z_tmpfill"] and "/tmp" in fb["z_tmpfill"], fb["z_tmpfill"]
+    assert "more than 100000 files in /tmp" in fb["z_inodes"], fb["z_inodes"]
+    assert "printed more than 64 MB" in fb["z_printer"], fb["z_printer"]
+    long_row = next(r for r in rows.values() if r["submission"] == "x" * 255)
+    hidden = next(r for r in rows.values() if r["submission"] == ".hidden")
+    for r in (long_row, hidden, rows["deepfolder"], rows["big_output"], rows["twoedits"]):
+        assert r["total"] == "2" and r["matmul_flops_bytes"] == r["attainable_tflops"] == "1", (r, fb.get(r["student"]))
+    assert "255 characters long" in long_row["notes"] and "starts with '.'" in hidden["notes"]
+    assert "levels deep" in rows["deepfolder"]["notes"]
+    assert "outputs (50 MB) were dropped" in fb["big_output"]
+    assert "graded 04_roofline (1).ipynb" in rows["twoedits"]["notes"] and "not graded: 04_roofline.ipynb" in rows[
+        "twoedits"]["notes"]
+    assert rows["HYPERLINK_1"]["submission"] == "'=HYPERLINK(1)"  # a spreadsheet shows it, does not run it
+    with open(hostile["base"] / "grades" / "grades.csv", newline="") as f:
+        assert not [c for row in csv.reader(f) for c in row if c.startswith(("=", "+", "-", "@"))]
+    assert not list((hostile["base"] / "gradertmp").iterdir())  # the work folders, deep chains and all, removed
 
 
 def test_no_file_outside_the_graders_output_changed(hostile):
@@ -297,7 +389,7 @@ def test_a_constant_timing_and_an_unlaunched_triton_kernel_score_zero(hostile):
     rows, fb = hostile["rows"], hostile["feedback"]
     assert rows["constant"]["median_ms"] == "0", fb["constant"]
     assert rows["unlaunched"]["row_sum"] == "0", fb["unlaunched"]
-    assert "a Triton kernel ran on x" in fb["unlaunched"]
+    assert "a Triton kernel of the notebook read x" in fb["unlaunched"]
 
 
 def test_the_edited_notebook_is_graded_over_a_redownloaded_stub(hostile):
@@ -405,6 +497,18 @@ def test_two_shards_merge_into_the_grades_of_one_run(tmp_path):
     alone = subprocess.run([sys.executable, "-m", "labkit.cli", "grade", "merge", str(tmp_path / "shard1"),
                             "--out", str(tmp_path / "half")], env=env, capture_output=True, text=True, timeout=120)
     assert alone.returncode == 2 and "shard(s) 2/2 missing" in alone.stderr
+    grades = tmp_path / "shard1" / "grades.csv"
+    with open(grades, newline="") as f:
+        table = list(csv.reader(f))
+    cid = next(r for r in table if r[0] == "cid")
+    cid[2:6] = ["1", "1", "2", "2"]  # cid's points, edited to full marks
+    with open(grades, "w", newline="") as f:
+        csv.writer(f).writerows(table)
+    edited = subprocess.run([sys.executable, "-m", "labkit.cli", "grade", "merge", str(tmp_path / "shard1"),
+                             str(tmp_path / "shard2"), "--out", str(tmp_path / "edited")], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert edited.returncode == 2 and "differ from what the grader wrote" in edited.stderr, edited.stderr
+    assert not (tmp_path / "edited" / "grades.csv").exists()
 
 
 def test_a_compiler_outside_the_system_folders_runs_inside(tmp_path, monkeypatch):

@@ -39,9 +39,17 @@ def pinned_copy_case(about: str, base: torch.Tensor, view_name: str | None, pinn
 
 
 def visible_pinned_copy() -> list[dict]:
+    """The classes of the hidden cases (contiguous, transposed, every other column; float32, float16, int64),
+    with other sizes and values."""
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(6, 4, generator=g)
-    return [pinned_copy_case("x of shape (6, 4) float32", x, None, torch.cuda.is_available())]
+    pinned = torch.cuda.is_available()
+    cases = []
+    for shape, dtype, name in [((6, 4), torch.float32, None), ((3, 7), torch.float32, "transposed"),
+                               ((5, 3), torch.float16, None), ((3, 13), torch.int64, "cols_step2")]:
+        base = (torch.randn(shape, generator=g) * 100).to(dtype)
+        shown = tuple(view(base, name).shape)
+        cases.append(pinned_copy_case(f"x: {name or 'contiguous'} view of shape {shown}, {dtype}", base, name, pinned))
+    return cases
 
 
 def call_overlapped_map(fn, args):

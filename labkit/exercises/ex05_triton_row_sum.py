@@ -11,7 +11,7 @@ from labkit.exercises.spec import Function
 NOTEBOOK = "05_triton_row_sum"
 
 
-LAUNCHED = "a Triton kernel ran on x (or a copy of it)"
+LAUNCHED = "a Triton kernel of the notebook read x (or a copy of it) and wrote the row sums returned"
 
 
 def prepare(device: str) -> None:
@@ -23,7 +23,7 @@ def call_row_sum(fn, args):
     x = view(args["x"].to(torch.device(args.get("device", "cpu"))), args.get("view"))
     with launches.record() as seen:
         out = fn(x)
-    return {"row sums": snapshot(out), LAUNCHED: launches.touched(x, seen)}
+    return {"row sums": snapshot(out), LAUNCHED: launches.touched(x, seen) and launches.produced(out, seen)}
 
 
 def row_sum_case(about: str, base: torch.Tensor, view_name: str | None, device: str, atol: float | None = None) -> dict:
@@ -35,10 +35,19 @@ def row_sum_case(about: str, base: torch.Tensor, view_name: str | None, device: 
 
 
 def visible_row_sum() -> list[dict]:
+    """The classes of the hidden cases (contiguous, every other column, a slice of rows, transposed; float32,
+    float16, bfloat16; odd sizes), with other sizes and values: a kernel ignoring stride_col fails here."""
     g = torch.Generator().manual_seed(5)
     dev = str(here())
-    x = torch.randn(4, 37, generator=g)
-    return [row_sum_case(f"x of shape (4, 37) float32 on {dev}", x, None, dev, atol=1e-4)]
+    cases = []
+    for shape, dtype, name in [((4, 37), torch.float32, None), ((5, 51), torch.float16, None),
+                               ((7, 33), torch.float32, "cols_step2"), ((4, 26), torch.bfloat16, "row_slice"),
+                               ((21, 5), torch.float32, "transposed")]:
+        base = torch.randn(shape, generator=g).to(dtype)
+        x = view(base, name)
+        cases.append(row_sum_case(f"x: {name or 'contiguous'} of shape {tuple(x.shape)}, {dtype}, on {dev}", base,
+                                  name, dev))
+    return cases
 
 
 FUNCTIONS = [Function("row_sum", call_row_sum, visible_row_sum, prepare=prepare, requires_triton=True)]

@@ -4,7 +4,9 @@
 (JITFunction) and interpreted (InterpretedFunction) kernels once, before student code runs. Inside
 `record()` each launch is listed with its name, the file its kernel was defined in and the tensors it got:
 `touched(x, launched)` says whether one of them was x (or a copy of x); `own(launched)` keeps the kernels
-defined outside labkit, torch and triton (the notebook's). Import triton only after labkit.setup().
+defined outside labkit, torch and triton (the notebook's); `produced(out, launched)` whether the value returned
+is what one of the notebook's kernels left in its memory (not a launch on a scratch buffer, then the library's
+result). Import triton only after labkit.setup().
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class Launch:
     name: str
     where: str  # the file the kernel was defined in
     tensors: list[torch.Tensor] = field(default_factory=list)
+    after: list[torch.Tensor] = field(default_factory=list)  # a notebook kernel's tensors' storage right after it ran
 
 
 _active: list[list[Launch]] = []
@@ -48,10 +51,17 @@ def install() -> bool:
         original = cls.run
 
         def run(self, *args, _original=original, **kwargs):
-            if _active and not kwargs.get("warmup", False):
-                tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
-                _active[-1].append(Launch(getattr(getattr(self, "fn", self), "__name__", "?"), _where(self), tensors))
-            return _original(self, *args, **kwargs)
+            if not _active or kwargs.get("warmup", False):
+                return _original(self, *args, **kwargs)
+            tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+            launch = Launch(getattr(getattr(self, "fn", self), "__name__", "?"), _where(self), tensors)
+            _active[-1].append(launch)
+            result = _original(self, *args, **kwargs)
+            if _is_own(launch.where):  # what it wrote, before anything else can change it
+                if any(t.is_cuda for t in tensors):
+                    torch.cuda.synchronize()
+                launch.after = [_storage_copy(t) for t in tensors]
+            return result
 
         cls.run = run
     _installed = True
@@ -90,8 +100,38 @@ def touched(x: torch.Tensor, launched: list[Launch]) -> bool:
     return False
 
 
-def own(launched: list[Launch]) -> list[str]:
-    """The launched kernels defined in the student's code: not in labkit, torch, triton or generated code."""
+def _is_own(where: str) -> bool:
     skip = (LABKIT_DIR + os.sep, os.path.dirname(torch.__file__) + os.sep, os.sep + "triton" + os.sep,
             "torchinductor")
-    return [launch.name for launch in launched if not any(s in launch.where for s in skip)]
+    return not any(s in where for s in skip)
+
+
+def own(launched: list[Launch]) -> list[str]:
+    """The launched kernels defined in the student's code: not in labkit, torch, triton or generated code."""
+    return [launch.name for launch in launched if _is_own(launch.where)]
+
+
+def _storage_copy(t: torch.Tensor) -> torch.Tensor:
+    """t's whole storage as it is now, as t's dtype (a copy)."""
+    s = t.untyped_storage()
+    n = s.nbytes() // t.element_size()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(s, 0, (n,), (1,)).clone()
+
+
+def produced(out: object, launched: list[Launch]) -> bool:
+    """Whether `out` (a tensor) lives in memory a notebook kernel wrote, and holds what that kernel left there:
+    the last such launch's copy of its storage, seen as `out`, equals `out` (NaN where `out` has NaN)."""
+    if not isinstance(out, torch.Tensor) or out.numel() == 0:
+        return False
+    ptr = out.untyped_storage().data_ptr()
+    for launch in reversed([la for la in launched if _is_own(la.where)]):
+        for t, after in zip(launch.tensors, launch.after):
+            if t.untyped_storage().data_ptr() != ptr or after.dtype != out.dtype:
+                continue
+            try:
+                then = after.as_strided(out.shape, out.stride(), out.storage_offset())
+            except RuntimeError:
+                continue
+            same = (then == out) | (then.isnan() & out.isnan()) if out.is_floating_point() else then == out
+            return bool(same.all())
+    return False

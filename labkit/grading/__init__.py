@@ -5,6 +5,7 @@ notebooks, without following links), sandbox (bubblewrap around every student pr
 (running a process under limits), child and stage (the processes that run student code, each a
 `python -m` entry point that reads a job folder and writes a results folder), seal (results signed
 with a per-run key), safeio (the parent's file hygiene), student (grading one student), judge
-(comparing), report (grades.csv, feedback and the leaderboard), merge (joining shards), answers (labkit
-objects that answer an exercise, stubs while it is graded), cli.
+(comparing), report (grades.csv, feedback and the leaderboard), merge (joining shards, their seals
+checked), answers (labkit objects that answer an exercise, stubs while it is graded), strip (the copy of
+labkit the sandbox mounts, without those answers), cli.
 """

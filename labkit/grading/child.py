@@ -1,14 +1,17 @@
 """The grading child: `python -m labkit.grading.child IN OUT` runs one student's notebooks.
 
 IN (the parent's, read here as data): job.json (the notebooks' code cells, the functions to grade,
-limits) and cases.pt (each function's case arguments, never the expected results); stdin: the
-run's key (labkit.grading.seal). OUT (the parent reads it): events.jsonl (progress, one JSON object
-per line; `fn_done` carries the seal of the results) and <function>.pt (what each case returned, as
-plain data). Everything before `install_guard` happens before student code.
+limits); stdin: the run's key (labkit.grading.seal), then, each time the child asks (a `cases` event
+once a notebook's cells have run), that notebook's case arguments (never the expected results): the
+hidden inputs are never a file in the sandbox, nor in the child before the student's code ran.
+OUT (the parent reads it): events.jsonl (progress, one JSON object per line; `fn_done` carries the
+seal of the results) and <function>.pt (what each case returned, as plain data). Everything before
+`install_guard` happens before student code.
 """
 from __future__ import annotations
 
 import builtins
+import io
 import json
 import linecache
 import os
@@ -104,7 +107,8 @@ def _grade_function(ns: dict, name: str, call: Callable, todo: list[dict], timeo
 
 
 def main(in_dir: str, out_dir: str) -> None:
-    key = seal.read_key()
+    key, pipe = seal.read_key(keep=True)
+    read = os.read  # bound before student code runs
     job = json.loads((Path(in_dir) / "job.json").read_text())
     if job.get("cpus"):  # this worker's own cores, before torch starts its threads
         os.sched_setaffinity(0, job["cpus"])
@@ -130,7 +134,7 @@ def main(in_dir: str, out_dir: str) -> None:
         import triton.language  # noqa: F401
     except ImportError:
         pass
-    cases = torch.load(Path(in_dir) / "cases.pt", weights_only=True)
+    load = torch.load
     fns = {name: exercises.function(name) for nb in job["notebooks"] for name in nb["functions"]}
     for prepare in dict.fromkeys(f.prepare for f in fns.values() if f.prepare is not None):
         prepare(job["device"])
@@ -171,6 +175,15 @@ def main(in_dir: str, out_dir: str) -> None:
             except BaseException as exc:  # SystemExit and timeouts too: the notebook goes on
                 _set_alarm(0)
                 emit(ev="cell_error", nb=nb["name"], cell=number, error=describe(exc, job["cell_timeout"]))
+        emit(ev="cases", nb=nb["name"])  # the parent sends them now, once
+        try:
+            _set_alarm(job["cell_timeout"])
+            cases = load(io.BytesIO(seal.read_frame(pipe, read)), weights_only=True)
+            _set_alarm(0)
+        except BaseException as exc:  # e.g. the student's code read the pipe first: its functions get no result
+            _set_alarm(0)
+            emit(ev="cell_error", nb=nb["name"], cell="(none)", error=f"the grader's cases did not arrive: {exc!r}")
+            cases = {}
         for name in nb["functions"]:
             emit(ev="fn_start", nb=nb["name"], fn=name)
             todo = cases.get(name, [])

@@ -16,7 +16,6 @@ import argparse
 import hashlib
 import os
 import queue
-import shutil
 import sys
 import tempfile
 import threading
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit import cuda
-from labkit.grading import safeio, sandbox
+from labkit.grading import safeio, sandbox, seal, strip
 from labkit.grading.judge import Outcome
 from labkit.grading.report import StudentReport, fmt_points, publish, write_reports
 from labkit.grading.specs import default_seed, load_specs, make_cases
@@ -215,12 +214,27 @@ def grade(config: GradeConfig) -> list[StudentReport]:
     try:
         box = sandbox.make(protected, gpu, config.memory_mb, config.unsafe_no_sandbox)
     except sandbox.SandboxError:
-        shutil.rmtree(workroot, ignore_errors=True)
+        safeio.rmtree(workroot)
         raise
+    copies: dict[tuple, Path] = {}
+    copies_lock = threading.Lock()
+
+    def labkit_copy(owned: dict[str, str]) -> Path | None:
+        """The labkit a child grading these answers sees: a copy without them (made once per set)."""
+        if isinstance(box, sandbox.NoSandbox):
+            return None
+        key = tuple(sorted(owned.items()))
+        with copies_lock:
+            if key not in copies:
+                folder = workroot / "labkit-copies" / str(len(copies))
+                folder.mkdir(parents=True)
+                copies[key] = strip.stripped_copy(owned, folder)
+            return copies[key]
+
     limits = Limits(config.memory_mb, max(1, len(cores) // workers))
     ctx = Context(specs, config.timeout, config.exercise_timeout or max(5.0, config.timeout / 4), limits, gpu,
                   gpu and cuda.missing() is None, [str(p) for p in protected], workroot, box, released, slots,
-                  core_sets)
+                  core_sets, labkit_copy)
     columns = [s for nb in specs.values() for s in nb]
     device = "a GPU" if gpu else "the CPU (no GPU)"
     share = f" (shard {k}/{n} of {len(everyone)})" if config.shard else ""
@@ -255,11 +269,12 @@ def grade(config: GradeConfig) -> list[StudentReport]:
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(one, enumerate(subs)))
-        board = write_reports(out_dir, reports, columns, "a GPU" if gpu else "the CPU", manifest)
+        board = write_reports(out_dir, reports, columns, "a GPU" if gpu else "the CPU", manifest,
+                              seal.graded_key(graded, seed))
         if board is not None and board_file is not None and board_file != out_dir / "leaderboard.csv":
             publish(board_file.parent, {board_file.name: board})  # staged, renamed into place, no link followed
     finally:
-        shutil.rmtree(workroot, ignore_errors=True)
+        safeio.rmtree(workroot)  # iterative: a 1,500-deep folder a student made there is removed too
     print(f"wrote {out_dir / 'grades.csv'} and {len(reports)} feedback file(s) in {out_dir / 'feedback'}")
     if board is not None:
         print(f"wrote the leaderboard: {out_dir / 'leaderboard.csv'}"

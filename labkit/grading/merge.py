@@ -1,9 +1,11 @@
 """`labkit grade merge SHARD_OUT... --out DIR`: join the outputs of `labkit grade --shard K/N` runs.
 
 Each shard's folder holds grades.csv, feedback/ and shard.json (which share it graded, of which
-roster). The merge refuses shards of different rosters, seeds or columns, a share given twice or
-missing, and a student in two shards; it writes one grades.csv and one feedback folder (and one
-leaderboard.csv when the shards wrote theirs).
+roster, and a seal of all of it made with a key derived from the hidden tests: seal.graded_key). The
+merge refuses a shard whose files differ from what its grader wrote (edited points), student ids
+that are not plain file names (`../`, `/`), shards of different rosters, seeds or columns, a share
+given twice or missing, and a student in two shards; it writes one grades.csv and one feedback
+folder (and one leaderboard.csv when the shards wrote theirs), inside --out only.
 """
 from __future__ import annotations
 
@@ -11,17 +13,47 @@ import argparse
 import csv
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
-from labkit.grading import safeio
+from labkit.grading import safeio, seal
 from labkit.grading.report import leaderboard_csv, publish
+from labkit.paths import COURSE_ROOT
 
 MAX_CSV = 64 * 2**20
+STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # what submissions.safe_name makes
 
 
-def merge(shard_dirs: list[Path], out: Path) -> int:
-    """Merge the shards into `out`; returns the number of students. ValueError says what is wrong."""
+def _read(d: Path, name: str) -> str | None:
+    try:
+        return safeio.read_bytes(d / name, MAX_CSV).decode("utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def _check_seal(d: Path, m: dict, graded: Path | None) -> None:
+    """ValueError unless d's student ids are plain file names and its files are the ones its grader sealed
+    (with the key of the hidden tests in `graded`; None checks the ids only)."""
+    bad = [s for s in m.get("students", []) if not isinstance(s, str) or not STUDENT_ID.fullmatch(s)]
+    if bad or not isinstance(m.get("students"), list):
+        raise ValueError(f"{d}: shard.json names student ids that are not plain file names ({bad[:3]!r}): "
+                         f"it was not written by `labkit grade`")
+    if graded is None:
+        return
+    key = seal.graded_key(graded, m.get("seed"))
+    files = {name: text for name in ["grades.csv", "leaderboard.csv"] + [f"feedback/{s}.md" for s in m["students"]]
+             if (text := _read(d, name)) is not None}
+    manifest = {k: v for k, v in m.items() if k != "seal"}
+    if not seal.check_files(key, {**files, "shard.json": json.dumps(manifest, sort_keys=True)}, m.get("seal")):
+        raise ValueError(f"{d}: its grades.csv, feedback, leaderboard or shard.json differ from what the grader "
+                         f"wrote (edited after grading?), or it was graded with other hidden tests than --graded: "
+                         f"grade that shard again")
+
+
+def merge(shard_dirs: list[Path], out: Path, graded: Path | None = None) -> int:
+    """Merge the shards into `out`; returns the number of students. ValueError says what is wrong. `graded`:
+    the hidden tests the shards were graded with; each shard's seal is checked with their key."""
     manifests, headers, rows, feedback, board = {}, set(), [], {}, None
     for d in shard_dirs:
         try:
@@ -29,10 +61,13 @@ def merge(shard_dirs: list[Path], out: Path) -> int:
         except FileNotFoundError:
             raise ValueError(f"{d} has no shard.json: it is not the --out of a "
                              "`labkit grade --shard K/N` run") from None
-        key = (m["shard"], m["of"])
-        if key in manifests:
-            raise ValueError(f"shard {m['shard']}/{m['of']} is given twice ({manifests[key][0]} and {d})")
-        manifests[key] = (d, m)
+        if not isinstance(m, dict):
+            raise ValueError(f"{d}/shard.json is not a shard manifest")
+        _check_seal(d, m, graded)
+        key_ = (m["shard"], m["of"])
+        if key_ in manifests:
+            raise ValueError(f"shard {m['shard']}/{m['of']} is given twice ({manifests[key_][0]} and {d})")
+        manifests[key_] = (d, m)
         table = list(csv.reader(io.StringIO(safeio.read_bytes(d / "grades.csv", MAX_CSV).decode("utf-8"))))
         headers.add(tuple(table[0]))
         if sorted(r[0] for r in table[1:]) != sorted(m["students"]):
@@ -81,10 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="labkit grade merge", description=__doc__.split("\n\n")[0])
     ap.add_argument("shards", type=Path, nargs="+", help="the --out folders of the shard runs")
     ap.add_argument("--out", type=Path, required=True, help="where the merged grades.csv and feedback/ go")
+    ap.add_argument("--graded", type=Path, default=COURSE_ROOT / "solutions" / "graded",
+                    help="the hidden tests the shards were graded with: their seals are checked with them")
     args = ap.parse_args(argv)
     try:
         out = safeio.real_dir(args.out, "--out")
-        count = merge([safeio.real_dir(d, "shard folder") for d in args.shards], out)
+        graded = safeio.real_dir(args.graded, "--graded")
+        count = merge([safeio.real_dir(d, "shard folder") for d in args.shards], out, graded)
     except (ValueError, OSError, KeyError) as exc:
         print(f"labkit grade merge: {exc}", file=sys.stderr)
         return 2

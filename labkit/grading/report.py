@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.grading import safeio
+from labkit.grading import safeio, seal
 from labkit.grading.judge import NEEDS_GPU, Outcome
 from labkit.grading.specs import FnSpec
 
@@ -25,6 +25,14 @@ class StudentReport:
     seconds: float = 0.0
 
 
+FORMULA = ("=", "+", "-", "@", "\t", "\r")  # a cell a spreadsheet would run as a formula
+
+
+def cell(text: str) -> str:
+    """A CSV text cell that a spreadsheet shows as text: a leading = + - @ (tab, CR) gets a quote before it."""
+    return "'" + text if text.startswith(FORMULA) else text
+
+
 def fmt_points(x: float) -> str:
     return f"{x:.2f}".rstrip("0").rstrip(".")
 
@@ -35,7 +43,7 @@ def grades_csv(reports: list[StudentReport], columns: list[FnSpec]) -> str:
     w = csv.writer(buf)
     w.writerow(["student", "submission"] + [s.name for s in columns] + ["total", "out_of", "notes"])
     for r in sorted(reports, key=lambda r: r.student):
-        total, out_of, row = 0.0, 0.0, [r.student, r.original or r.student]
+        total, out_of, row = 0.0, 0.0, [cell(r.student), cell(r.original or r.student)]
         for s in columns:
             o = r.outcomes[s.name]
             if o.score is None:
@@ -45,7 +53,7 @@ def grades_csv(reports: list[StudentReport], columns: list[FnSpec]) -> str:
                 total += o.score
                 out_of += s.points
         notes = "; ".join(r.incidents + r.choices + [f"not submitted: {', '.join(r.missing)}"] * bool(r.missing))
-        w.writerow(row + [fmt_points(total), fmt_points(out_of), notes[:600]])
+        w.writerow(row + [fmt_points(total), fmt_points(out_of), cell(notes[:600])])
     return buf.getvalue()
 
 
@@ -65,8 +73,9 @@ def leaderboard_rows(reports: list[StudentReport], columns: list[FnSpec]) -> lis
             fig = {k: (f"{d[k]:.6g}" if isinstance(d.get(k), (int, float)) else "") for k in ("tokens_per_s", "speedup",
                                                                                             "loss")}
             note = "" if d else (o.messages[0] if o.messages else o.status)
-            rows.append({"student": r.student, "submission": r.original or r.student, "function": s.name, **fig,
-                         "points": fmt_points(o.score), "out_of": fmt_points(s.points), "note": note[:300]})
+            rows.append({"student": cell(r.student), "submission": cell(r.original or r.student), "function": s.name,
+                         **fig, "points": fmt_points(o.score), "out_of": fmt_points(s.points),
+                         "note": cell(note[:300])})
     return rows
 
 
@@ -84,16 +93,19 @@ def leaderboard_csv(rows: list[dict]) -> str:
 
 
 def write_reports(out_dir: Path, reports: list[StudentReport], columns: list[FnSpec], device: str,
-                  manifest: dict | None = None) -> str | None:
+                  manifest: dict | None = None, shard_key: bytes | None = None) -> str | None:
     """grades.csv, feedback/<student>.md (and shard.json, and leaderboard.csv when a scored function was
     graded), written into a folder made for them, then moved into `out_dir`, replacing what was there
-    (links and FIFOs included) without following anything. Returns the leaderboard's text (or None)."""
+    (links and FIFOs included) without following anything. Returns the leaderboard's text (or None). A shard's
+    manifest is written with the seal of the other files under `shard_key` (seal.graded_key)."""
     files = {f"feedback/{r.student}.md": feedback_markdown(r, columns, device) for r in reports}
     files["grades.csv"] = grades_csv(reports, columns)
     board = None
     if any(s.fn.score is not None for s in columns):
         files["leaderboard.csv"] = board = leaderboard_csv(leaderboard_rows(reports, columns))
-    if manifest is not None:
+    if manifest is not None:  # sealed: `labkit grade merge` refuses a shard whose files were edited since
+        manifest = dict(manifest, seal=seal.seal_files(shard_key or b"", {
+            **files, "shard.json": json.dumps(manifest, sort_keys=True)}))
         files["shard.json"] = json.dumps(manifest, indent=1)
     publish(out_dir, files)
     return board

@@ -125,9 +125,14 @@ class Bwrap:
             args += ["--dir", f"{SCRATCH}/{sub}"]
         return args + ["--chdir", f"{SCRATCH}/cwd"]
 
-    def command(self, module: str, in_dir: Path, out_dir: Path, env: dict, work: Path) -> tuple[list[str], str]:
-        """(argv, cwd) of a run; in_dir and out_dir are the parent's folders for it."""
+    def command(self, module: str, in_dir: Path, out_dir: Path, env: dict, work: Path,
+                labkit_copy: Path | None = None) -> tuple[list[str], str]:
+        """(argv, cwd) of a run; in_dir and out_dir are the parent's folders for it; `labkit_copy` (a package
+        folder, labkit.grading.strip) is mounted where labkit is."""
         args = self.base() + ["--ro-bind", str(in_dir), IN, "--bind", str(out_dir), OUT, "--clearenv"]
+        if labkit_copy is not None:
+            args[args.index("--clearenv"):args.index("--clearenv")] = [
+                "--ro-bind", str(labkit_copy), os.path.realpath(COURSE_ROOT / "labkit")]
         for k, v in env.items():
             args += ["--setenv", k, v]
         return args + ["--", sys.executable, "-m", module, IN, OUT], "/"
@@ -173,7 +178,9 @@ class NoSandbox:
 
     name: str = "no sandbox (--unsafe-no-sandbox)"
 
-    def command(self, module: str, in_dir: Path, out_dir: Path, env: dict, work: Path) -> tuple[list[str], str]:
+    def command(self, module: str, in_dir: Path, out_dir: Path, env: dict, work: Path,
+                labkit_copy: Path | None = None) -> tuple[list[str], str]:
+        """No mount: the stubs (labkit.grading.answers) are all that hides the answers here."""
         return [sys.executable, "-m", module, str(in_dir), str(out_dir)], str(work / "scratch" / "cwd")
 
     @staticmethod

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labkit.grading import seal, supervise
+from labkit.grading import safeio, seal, supervise
 from labkit.grading.judge import NEEDS_GPU, Outcome, judge, load_results
 from labkit.grading.report import StudentReport
 from labkit.grading.specs import FnSpec
@@ -34,19 +34,37 @@ class Context:
     released: dict[str, Path]  # the released exercise notebooks, to tell an edited notebook from the stub
     gpu_slots: Any = None  # queue of CUDA_VISIBLE_DEVICES values
     core_sets: Any = None  # queue of CPU core lists, one per worker: the child pins itself to one
+    labkit_copy: Any = None  # {answer: its notebook} -> the labkit copy without them (grading.strip), or None
 
 
-def _write_job(in_dir: Path, job: dict, cases: Any) -> None:
+def _write_job(in_dir: Path, job: dict, cases: Any = None) -> None:
+    """job.json, and cases.pt when `cases` is given (a stage: no student Python reads it)."""
     import torch
 
     in_dir.mkdir(parents=True)
     (in_dir / "job.json").write_text(json.dumps(job))
-    torch.save(cases, in_dir / "cases.pt")
+    if cases is not None:
+        torch.save(cases, in_dir / "cases.pt")
+
+
+def _frames(cases: dict, jobs: list[dict]) -> dict[str, bytes]:
+    """Each notebook's case arguments as torch.save bytes (sent on the child's stdin when it asks)."""
+    import io
+
+    import torch
+
+    out = {}
+    for j in jobs:
+        buf = io.BytesIO()
+        torch.save({fn: cases[fn] for fn in j["functions"]}, buf)
+        out[j["name"]] = buf.getvalue()
+    return out
 
 
 def _plan(ctx: Context, report: StudentReport, paths: list[Path]) -> list[dict]:
     """The notebooks to run and the functions to grade in each; outcomes for what cannot be graded."""
-    matched, notes = match_notebooks(paths, list(ctx.specs), ctx.released)
+    matched, notes = match_notebooks(paths, list(ctx.specs), ctx.released,
+                                    {nb: [s.name for s in v] for nb, v in ctx.specs.items()})
     report.choices += [n for n in notes if " notebooks for " in n]
     report.notes += [n for n in notes if " notebooks for " not in n]
     jobs = []
@@ -79,27 +97,29 @@ def _plan(ctx: Context, report: StudentReport, paths: list[Path]) -> list[dict]:
     return jobs
 
 
-def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device: str,
-                   report: StudentReport, cpus: list[int] | None = None) -> tuple[dict[str, tuple], dict[str, str]]:
-    """Run the notebooks in a child, again after a death for what is left; ((results file, key, seal) per
-    function, why some have none)."""
+def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device: str, report: StudentReport,
+                   cpus: list[int] | None = None, tag: str = "",
+                   labkit_copy: Path | None = None) -> tuple[dict[str, tuple], dict[str, str]]:
+    """Run the notebooks in a child (pinned to `cpus`, seeing `labkit_copy` as labkit), again after a death for
+    what is left; ((results file, key, seal) per function, why some have none)."""
     by_name = {s.name: s for specs in ctx.specs.values() for s in specs}
     results: dict[str, tuple] = {}
     died: dict[str, str] = {}  # function -> why it has no result
     remaining, launch = [j for j in jobs if j["functions"]], 0
     while remaining:
         launch += 1
-        run = work / f"run-{launch}"
+        run = work / f"run-{tag}{launch}"
         job = {"notebooks": remaining, "device": device, "cell_timeout": ctx.exercise_timeout,
                "exercise_timeout": ctx.exercise_timeout, "memory_mb": ctx.limits.memory_mb,
                "rlimit_as": device == "cpu", "threads": ctx.limits.threads, "cpus": cpus,
                "forbidden": ctx.forbidden + [str(ctx.workroot)], "allowed": [str(work)]}
         cases = {fn: ([{"args": {}}] if by_name[fn].fn.stage else [{"args": c["args"]} for c in by_name[fn].cases])
                  for j in remaining for fn in j["functions"]}
-        _write_job(run / "in", job, cases)
+        _write_job(run / "in", job)
         key = seal.new_key()
         events, killed, rc = supervise.launch(ctx.box, "labkit.grading.child", run, work, env, ctx.limits,
-                                              120 + ctx.timeout * len(remaining), ctx.timeout, key)
+                                              120 + ctx.timeout * len(remaining), ctx.timeout, key, labkit_copy,
+                                              _frames(cases, remaining))
         names = {j["name"] for j in remaining}
         events = [ev for ev in events if ev.get("nb") in names]  # the child's word, about what it was given only
         asked = {fn for j in remaining for fn in j["functions"]}
@@ -146,6 +166,18 @@ def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device
     return results, died
 
 
+def _by_answers(ctx: Context, jobs: list[dict]) -> list[tuple[dict[str, str], list[dict]]]:
+    """The notebooks grouped by the labkit answers their graded functions must not reach ({dotted name: its
+    notebook}): a notebook with answers runs alone, with those stripped (exercise 13 may use exercise 09's
+    kernel from labkit; exercise 09 may not); the others together."""
+    by_name = {s.name: s for specs in ctx.specs.values() for s in specs}
+    groups: dict[tuple, tuple[dict[str, str], list[dict]]] = {}
+    for j in jobs:
+        owned = {d: j["name"] for fn in j["functions"] for d in by_name[fn].fn.answers}
+        groups.setdefault(tuple(sorted(owned)), (owned, []))[1].append(j)
+    return list(groups.values())
+
+
 def _run_stage(ctx: Context, work: Path, spec: FnSpec, results: list, env: dict) -> Outcome:
     """The function's Stage (e.g. build the CUDA source it returned), in a fresh process with no student Python."""
     first = results[0] if results and isinstance(results[0], dict) else {}
@@ -184,7 +216,12 @@ def grade_student(ctx: Context, index: int, sub: Submission) -> StudentReport:
     try:
         device = "cuda" if ctx.gpu else "cpu"
         env = supervise.child_env(ctx.limits, ctx.box.scratch_for(work), device, cuda_visible)
-        files, died = _run_notebooks(ctx, work, jobs, env, device, report, cpus)
+        files, died = {}, {}
+        for i, (owned, group) in enumerate(_by_answers(ctx, jobs)):  # answers stripped, each in its own child
+            copy = ctx.labkit_copy(owned) if owned and ctx.labkit_copy is not None else None
+            f, d = _run_notebooks(ctx, work, group, env, device, report, cpus, f"{i}-", copy)
+            files.update(f)
+            died.update(d)
         for nb in jobs:
             for fn in nb["functions"]:
                 spec = next(s for s in ctx.specs[nb["name"]] if s.name == fn)
@@ -202,6 +239,7 @@ def grade_student(ctx: Context, index: int, sub: Submission) -> StudentReport:
             ctx.gpu_slots.put(cuda_visible)
         if ctx.core_sets is not None:
             ctx.core_sets.put(cpus)
+        safeio.rmtree(work)  # its inputs and whatever its processes left (iteratively: any depth) go now
     report.notes = list(dict.fromkeys(report.notes))  # a notebook run again repeats its cells' notes
     report.incidents = list(dict.fromkeys(report.incidents))
     report.seconds = time.monotonic() - t0

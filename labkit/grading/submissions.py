@@ -8,6 +8,8 @@ the original name, so they are never merged), and the original name kept for the
 from __future__ import annotations
 
 import ast
+import functools
+import json
 import os
 import re
 import stat
@@ -20,6 +22,8 @@ import nbformat
 from labkit.grading import safeio
 
 MAX_ENTRIES = 5000  # files and folders looked at in one student's folder
+MAX_ID = 64  # characters of a student id (a feedback file's name); longer names are shortened, with a note
+SKIPPED = (".ipynb_checkpoints",)  # Jupyter's own folder in the submissions folder: not a student
 
 
 @dataclass
@@ -31,20 +35,28 @@ class Submission:
 
 
 def safe_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "student"
+    """A file-name-safe id: [A-Za-z0-9._-], starting with a letter or digit (never a spreadsheet formula or an
+    option), at most MAX_ID characters (a longer one keeps a checksum of the whole name)."""
+    sid = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-") or "student"
+    if len(sid) > MAX_ID:
+        sid = f"{sid[:MAX_ID - 9].rstrip('._-')}-{zlib.crc32(name.encode('utf-8', 'surrogateescape')):08x}"
+    return sid
 
 
 def _notebooks_in(folder: Path) -> tuple[list[Path], list[str]]:
-    """The regular .ipynb files under `folder` (no link followed, checkpoints skipped) and notes on the rest."""
-    found, notes, seen = [], [], 0
-    for root, dirs, files in os.walk(folder):  # os.walk does not follow links to folders
-        dirs[:] = sorted(d for d in dirs if d != ".ipynb_checkpoints" and not d.startswith("."))
-        for name in sorted(files + [d for d in os.listdir(root) if os.path.islink(os.path.join(root, d))
-                                    and d not in files]):
-            seen += 1
-            if seen > MAX_ENTRIES:
-                notes.append(f"more than {MAX_ENTRIES} files: the rest were not looked at")
-                return sorted(found), notes
+    """The regular .ipynb files under `folder` (no link followed, checkpoints and hidden folders skipped, no
+    recursion, at most safeio.MAX_DEPTH levels and MAX_ENTRIES entries) and notes on the rest."""
+    found, notes = [], []
+    walk = safeio.walk(folder, limit=MAX_ENTRIES)
+    while True:
+        try:
+            root, dirs, files = next(walk)
+        except StopIteration as stop:
+            if stop.value:
+                notes.append(f"{stop.value} in the folder: the rest was not looked at")
+            return sorted(found), notes
+        dirs[:] = [d for d in dirs if d != ".ipynb_checkpoints" and not d.startswith(".")]
+        for name in files:
             path = Path(root) / name
             rel = path.relative_to(folder)
             try:
@@ -56,22 +68,23 @@ def _notebooks_in(folder: Path) -> tuple[list[Path], list[str]]:
                     found.append(path)
             elif name.endswith(".ipynb") or stat.S_ISLNK(st.st_mode):
                 notes.append(f"{rel}: {safeio.kind(st.st_mode)}, not graded")
-    return sorted(found), notes
 
 
 def find_submissions(root: Path) -> list[Submission]:
     """One Submission per folder or .ipynb (or link or special file named like one) directly inside `root`."""
     found = []
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        if entry.name.startswith("."):
+        if entry.name in SKIPPED:
             continue
         st = entry.stat(follow_symlinks=False)
         path = Path(entry.path)
+        hidden = [f"{entry.name!r} starts with '.' (hidden on most systems): graded all the same; a name without "
+                  f"the dot is clearer"] if entry.name.startswith(".") else []
         if stat.S_ISDIR(st.st_mode):
             nbs, notes = _notebooks_in(path)
-            found.append(Submission(entry.name, entry.name, nbs, notes))
+            found.append(Submission(entry.name, entry.name, nbs, hidden + notes))
         elif entry.name.endswith(".ipynb") and stat.S_ISREG(st.st_mode):
-            found.append(Submission(path.stem, entry.name, [path]))
+            found.append(Submission(path.stem, entry.name, [path], hidden))
         elif entry.name.endswith(".ipynb") or stat.S_ISLNK(st.st_mode):
             found.append(Submission(path.stem if entry.name.endswith(".ipynb") else entry.name, entry.name, [],
                                     [f"{entry.name} is {safeio.kind(st.st_mode)}: not graded (submit a regular "
@@ -79,6 +92,9 @@ def find_submissions(root: Path) -> list[Submission]:
     groups: dict[str, list[Submission]] = {}
     for s in found:
         s.student = safe_name(s.student)
+        if len(s.original) > MAX_ID:
+            s.notes.append(f"the submission's name is {len(s.original)} characters long: its id (and feedback file) "
+                           f"is {s.student}")
         groups.setdefault(s.student.casefold(), []).append(s)
     taken = {s.student.casefold() for s in found}
     for group in groups.values():
@@ -97,9 +113,28 @@ def find_submissions(root: Path) -> list[Submission]:
     return found
 
 
+@functools.lru_cache(maxsize=64)
+def _parsed(path: str, mtime_ns: int, size: int) -> tuple[nbformat.NotebookNode, int]:
+    data = json.loads(safeio.read_bytes(Path(path), safeio.MAX_NOTEBOOK_BYTES).decode("utf-8"))
+    dropped = 0
+    cells = data.get("cells") if isinstance(data, dict) else None
+    for cell in cells if isinstance(cells, list) else []:
+        if isinstance(cell, dict) and cell.get("outputs"):
+            dropped += len(json.dumps(cell["outputs"]))
+            cell["outputs"] = []
+    return nbformat.reads(json.dumps(data), as_version=4), dropped
+
+
 def read_notebook(path: Path) -> nbformat.NotebookNode:
-    """A submitted notebook, read only if it is a regular file of sensible size."""
-    return nbformat.reads(safeio.read_bytes(path, safeio.MAX_NOTEBOOK_BYTES).decode("utf-8"), as_version=4)
+    """A submitted notebook, read only if it is a regular file of at most MAX_NOTEBOOK_BYTES, its outputs
+    dropped (the grader runs the code only; a large output never costs a correct student points)."""
+    return _read(path)[0]
+
+
+def _read(path: Path) -> tuple[nbformat.NotebookNode, int]:
+    st = os.lstat(path)
+    nb, dropped = _parsed(str(path), st.st_mtime_ns, st.st_size)
+    return nbformat.from_dict(nb), dropped
 
 
 def _exercise_of(path: Path, names: list[str]) -> str | None:
@@ -120,10 +155,45 @@ def _code(path: Path) -> list[str] | None:
         return None
 
 
-def match_notebooks(paths: list[Path], names: list[str],
-                    released: dict[str, Path] | None = None) -> tuple[dict[str, Path], list[str]]:
+def _definitions(code: list[str] | None) -> dict[str, str]:
+    """Top-level function name -> its AST (comments and layout ignored), over a notebook's code cells."""
+    defs: dict[str, str] = {}
+    for src in code or []:
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        defs.update({n.name: ast.dump(n) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))})
+    return defs
+
+
+def _pick(name: str, found: list[Path], released: dict[str, Path] | None,
+          functions: dict[str, list[str]] | None) -> tuple[Path, str]:
+    """Of several notebooks for one exercise, the one to grade and why (deterministic: the content and the
+    names decide, never the order files were copied in): an edited one over the released stub; of several
+    edited ones, the one with the most graded functions changed from the stub, then the one named like the
+    exercise, then the first by name."""
+    stub = _code(released[name]) if released and name in released else None
+    codes = {p: _code(p) for p in found}
+    edited = [p for p in found if stub is None or codes[p] != stub]
+    if not edited:
+        pick = next((p for p in found if p.stem == name), found[0])
+        return pick, "none differs from the released notebook"
+    if len(edited) == 1:
+        return edited[0], "the others are the released notebook, unedited"
+    fns = (functions or {}).get(name) or []
+    stub_defs = _definitions(stub)
+    done = {p: sum(1 for f in fns if _definitions(codes[p]).get(f) not in (None, stub_defs.get(f))) for p in edited}
+    pick = min(edited, key=lambda p: (-done[p], p.stem != name, str(p)))
+    counts = ", ".join(f"{p.name}: {done[p]} of {len(fns)}" for p in edited)
+    return pick, (f"several were edited; graded functions changed from the stub: {counts}; graded the one with the "
+                  f"most, then the one named like the exercise, then the first by name")
+
+
+def match_notebooks(paths: list[Path], names: list[str], released: dict[str, Path] | None = None,
+                    functions: dict[str, list[str]] | None = None) -> tuple[dict[str, Path], list[str]]:
     """Which submitted notebook is which exercise (by the metadata `labkit exercises build` wrote, else by
-    name). Several for one exercise: the one whose code differs from the released notebook in `released`."""
+    name). Several for one exercise: see _pick (`functions`: each exercise's graded functions)."""
     candidates: dict[str, list[Path]] = {}
     notes = []
     for path in paths:
@@ -137,23 +207,20 @@ def match_notebooks(paths: list[Path], names: list[str],
         if len(found) == 1:
             matched[name] = found[0]
             continue
-        stub = _code(released[name]) if released and name in released else None
-        edited = [p for p in found if stub is None or _code(p) != stub]
-        pool = edited or found
-        pick = next((p for p in pool if p.stem == name), pool[0])
-        why = ("the others are the released notebook, unedited" if stub is not None and len(edited) == 1 else
-               "none differs from the released notebook" if not edited else
-               "several were edited: the one named like the exercise, else the first by name")
+        pick, why = _pick(name, sorted(found), released, functions)
         matched[name] = pick
-        notes.append(f"{len(found)} notebooks for {name} ({', '.join(p.name for p in found)}): graded {pick.name} "
-                     f"({why})")
+        others = ", ".join(p.name for p in sorted(found) if p != pick)
+        notes.append(f"{len(found)} notebooks for {name} ({', '.join(p.name for p in sorted(found))}): graded "
+                     f"{pick.name} ({why}); not graded: {others}")
     return matched, notes
 
 
 def extract_code(path: Path) -> tuple[list[list], list[str]]:
     """[code cell number, source] of each code cell; shell/magic lines become `pass` (with a note)."""
-    nb = read_notebook(path)
-    cells, notes, number = [], [], 0
+    nb, dropped = _read(path)
+    cells, number = [], 0
+    notes = [f"its cell outputs ({dropped / 2**20:.0f} MB) were dropped before grading: the grader runs the code "
+             f"only (clear large outputs before submitting)"] if dropped > 2**20 else []
     for cell in nb.get("cells", []):
         if cell.get("cell_type") != "code":
             continue

@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from labkit import proctree
-from labkit.grading import safeio
+from labkit.grading import safeio, seal
 from labkit.paths import COURSE_ROOT
 
 
@@ -57,45 +58,104 @@ def signal_name(rc: int) -> str:
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MAX_OUT_BYTES = 512 * 2**20  # results and events a run may leave in its out folder
+MAX_OUT_ENTRIES = 10000  # files and folders in it
 EVENTS_CAP = 4 * 2**20  # progress events read from one run, at most
+MAX_LOG_BYTES = 64 * 2**20  # what a run may print (stdout and stderr, kept in run/log.txt)
+MAX_INODES = 100_000  # files and folders a run may make in its private /tmp and /dev/shm (tmpfs)
 
 
 def tree_rss_mb(root: int) -> float:
-    """Resident memory of `root` and every process below it (what a student started, sandboxed or not)."""
+    """Resident memory of `root` and every process below it (what a student started, sandboxed or not), plus
+    what they wrote into the sandbox's private tmpfs (/tmp, /dev/shm): files there are memory too."""
     procs = proctree.table()
-    return sum(procs.get(pid, (0, 0))[1] for pid in [root, *proctree.below(root, procs)]) * PAGE / 2**20
+    pids = [root, *proctree.below(root, procs)]
+    return (sum(procs.get(pid, (0, 0))[1] for pid in pids) * PAGE + scratch_usage(pids)[0]) / 2**20
+
+
+def scratch_usage(pids: list[int]) -> tuple[int, int]:
+    """(bytes, inodes) used in the private /tmp and /dev/shm of the sandboxes these processes live in (seen
+    through /proc/PID/root; the host's own folders are not counted)."""
+    host = set()
+    for mount in ("/tmp", "/dev/shm"):
+        try:
+            host.add(os.stat(mount).st_dev)
+        except OSError:
+            pass
+    seen, used, inodes = set(), 0, 0
+    for pid in pids:
+        for mount in ("tmp", "dev/shm"):
+            path = f"/proc/{pid}/root/{mount}"
+            try:
+                dev = os.stat(path).st_dev
+                if dev in host or dev in seen:
+                    continue
+                v = os.statvfs(path)
+            except OSError:
+                continue
+            seen.add(dev)
+            used += (v.f_blocks - v.f_bfree) * v.f_frsize
+            inodes += v.f_files - v.f_ffree
+    return used, inodes
+
+
+def _over_limits(proc, out_dir: Path, log_fd: int, limits: Limits, ticks: int) -> str | None:
+    """Why the run must stop now (None: it may go on); memory every 0.3 s, files every second."""
+    if ticks % 3 == 0 and tree_rss_mb(proc.pid) > limits.memory_mb:
+        return (f"ran out of memory: the process used more than {limits.memory_mb} MB (files in /tmp and /dev/shm "
+                f"count as memory) and was stopped")
+    if ticks % 10:
+        return None
+    if os.fstat(log_fd).st_size > MAX_LOG_BYTES:
+        return f"stopped: it printed more than {MAX_LOG_BYTES // 2**20} MB"
+    if scratch_usage(proctree.below(proc.pid, proctree.table()))[1] > MAX_INODES:
+        return f"stopped: it made more than {MAX_INODES} files in /tmp and /dev/shm"
+    if safeio.tree_bytes(out_dir, MAX_OUT_ENTRIES) > MAX_OUT_BYTES:
+        return (f"stopped: it wrote more than {MAX_OUT_BYTES // 2**20} MB or {MAX_OUT_ENTRIES} files and folders "
+                f"into its results folder")
+    return None
 
 
 def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, budget: float,
-           nb_timeout: float | None, key: str) -> tuple[list[dict], str | None, int | None]:
+           nb_timeout: float | None, key: str, labkit_copy: Path | None = None,
+           feed: dict[str, bytes] | None = None) -> tuple[list[dict], str | None, int | None]:
     """Run `python -m module IN OUT` in `box` under the limits; (its events, why it was killed, exit code).
 
     run/in is the job (written by the parent), run/out the only host folder the process can write,
     run/log.txt its output. Events are read as they grow, never more than EVENTS_CAP bytes. `key`
-    goes to the process on stdin (labkit.grading.seal).
+    goes to the process on stdin (labkit.grading.seal). `labkit_copy`: the labkit it sees (grading.strip).
+    `feed`: notebook -> its hidden cases (torch.save bytes), sent on stdin once, only when the process asks for
+    them (a `cases` event, after the notebook's cells ran): they are never a file in the sandbox.
     """
     out_dir = run / "out"
     out_dir.mkdir(parents=True)
     events_path = out_dir / "events.jsonl"
     os.close(os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
     reader = safeio.EventReader(events_path, cap=EVENTS_CAP)
-    argv, cwd = box.command(module, run / "in", out_dir, env, work)
+    argv, cwd = box.command(module, run / "in", out_dir, env, work, labkit_copy)
     with open(run / "log.txt", "xb") as logf:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=logf,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc.stdin.write(key.encode())
-            proc.stdin.close()
+            proc.stdin.write(key.encode() + b"\n")
+            proc.stdin.flush()
+            if not feed:
+                proc.stdin.close()
         except OSError:  # it died before reading: its exit code says why
             pass
+        sent: set[str] = set()
         started = time.monotonic()
         killed, nb_started, ticks = None, None, 0
         while proc.poll() is None:
             time.sleep(0.1)
             ticks += 1
             now = time.monotonic()
-            if any(ev.get("ev") == "nb_start" for ev in reader.poll()):
+            new = reader.poll()
+            if any(ev.get("ev") == "nb_start" for ev in new):
                 nb_started = now
+            for ev in new:
+                if feed and ev.get("ev") == "cases" and ev.get("nb") in feed and ev["nb"] not in sent:
+                    sent.add(ev["nb"])
+                    threading.Thread(target=_send, args=(proc.stdin, seal.frame(feed[ev["nb"]])), daemon=True).start()
             if reader.flooded:
                 killed = (f"stopped: its progress log was flooded (more than {EVENTS_CAP // 2**20} MB; only the "
                           f"grader writes there)")
@@ -103,10 +163,8 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
                 killed = f"timed out: the process ran past its {budget:.0f} s limit"
             elif nb_timeout is not None and nb_started is not None and now - nb_started > nb_timeout:
                 killed = f"timed out: the notebook ran past its {nb_timeout:g} s limit"
-            elif ticks % 3 == 0 and tree_rss_mb(proc.pid) > limits.memory_mb:
-                killed = f"ran out of memory: the process used more than {limits.memory_mb} MB and was stopped"
-            elif ticks % 10 == 0 and safeio.tree_bytes(out_dir) > MAX_OUT_BYTES:
-                killed = f"stopped: it wrote more than {MAX_OUT_BYTES // 2**20} MB into its results folder"
+            else:
+                killed = _over_limits(proc, out_dir, logf.fileno(), limits, ticks)
             if killed:
                 break
         try:  # the process and its group; in bwrap, the whole PID namespace dies with it
@@ -114,11 +172,24 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
         except (ProcessLookupError, PermissionError):
             pass
         rc = box.exit_code(proc.wait())
+        try:
+            proc.stdin.close()
+        except (OSError, ValueError):
+            pass
     events = reader.drain()
     reader.close()
     if reader.flooded and killed is None:
         killed = f"its progress log was flooded (more than {EVENTS_CAP // 2**20} MB; only the grader writes there)"
     return events, killed, rc
+
+
+def _send(pipe, data: bytes) -> None:
+    """Write to the process's stdin from a thread of its own: a process that never reads cannot stall the watchdog."""
+    try:
+        pipe.write(data)
+        pipe.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def log_tail(log: Path, lines: int = 6) -> str:
