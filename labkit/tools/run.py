@@ -178,12 +178,28 @@ def _running_cell(executed) -> str | None:
     return None
 
 
+def course_commit() -> str | None:
+    """The course's git commit the batch ran ('+ uncommitted changes' when tracked files differ); None outside git."""
+    import subprocess
+
+    from labkit.paths import COURSE_ROOT
+
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=COURSE_ROOT, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=COURSE_ROOT, capture_output=True).returncode
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sha + (" + uncommitted changes" if dirty else "")
+
+
 def run_facts(parameters: dict) -> dict:
     """When, where and with what a batch ran: the machine, versions, quick mode and ceilings."""
     import labkit
     from labkit import ceilings
 
-    facts: dict = {"finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    facts: dict = {"finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   "commit": course_commit()}
     try:
         cfg = labkit.setup(device=parameters.get("device"), quick=parameters.get("quick"))
         facts["machine"] = labkit.machine_info()
