@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "baseline": ("labkit.tools.baseline", "compare a bench run with this device's committed baseline, or save one"),
     "shard": ("labkit.tools.shard", "split notebooks across GPUs/runners by recorded duration, or record durations"),
     "ran": ("labkit.tools.ran", "check a GPU batch run really ran: no GPU section skipped, not too fast, plots kept"),
+    "book": ("labkit.tools.book", "build the course as an HTML book from executed notebooks (`labkit run` folders)"),
 }
 
 
