@@ -50,15 +50,25 @@ class RunFolderError(ValueError):
     """A folder given is not a `labkit run` output, or the folders do not make one run: the message says why."""
 
 
-def load_runs(folders: list[Path]) -> tuple[dict[str, Any], dict[str, Path]]:
-    """The merged summary of one machine's run folders (shards) and each executed notebook by stem."""
-    summaries, executed = [], {}
+def run_folders(folders: list[Path]) -> list[Path]:
+    """The run folders given: each folder holding a summary.json, or else the folders inside it that hold one (a
+    batch run one notebook at a time, each into its own folder)."""
+    found = []
     for folder in folders:
-        path = folder / "summary.json"
-        if not path.is_file():
+        inner = sorted(p.parent for p in folder.glob("*/summary.json"))
+        if not (folder / "summary.json").is_file() and not inner:
             raise RunFolderError(f"{folder} holds no summary.json: give a folder `labkit run -o FOLDER` wrote "
                                  "(its executed notebooks and summary.json), or run `python3 course.py book` "
                                  "without a folder to make a quick run first")
+        found += [folder] if (folder / "summary.json").is_file() else inner
+    return found
+
+
+def load_runs(folders: list[Path]) -> tuple[dict[str, Any], dict[str, Path]]:
+    """The merged summary of one machine's run folders (shards) and each executed notebook by stem."""
+    summaries, executed = [], {}
+    for folder in run_folders(folders):
+        path = folder / "summary.json"
         try:
             summary = json.loads(path.read_text())
         except ValueError as exc:
@@ -70,6 +80,7 @@ def load_runs(folders: list[Path]) -> tuple[dict[str, Any], dict[str, Path]]:
                                      "give each notebook's run once")
             out = folder / Path(e.get("output") or e["notebook"]).name
             executed[stem] = out  # may be missing: a notebook that failed before papermill wrote it
+            e.setdefault("finished", summary.get("finished"))  # each shard's own date
         summaries.append(summary)
     machines = {(s.get("machine", {}).get("GPU"), s.get("machine", {}).get("GPUs"), s.get("quick")) for s in summaries}
     if len(machines) > 1:
