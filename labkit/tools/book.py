@@ -39,7 +39,7 @@ CSS = """
 .math-display { overflow-x: auto; margin: 0.5em 0; }
 .claims-scroll { overflow-x: auto; }
 /* the claims page has no right-hand contents column (conf.py): its tables take the page's width */
-.bd-article-container:has(.claims-by-machine) { max-width: 100%; }
+.bd-main .bd-content .bd-article-container:has(.claims-by-machine) { max-width: 100%; }
 """
 REDIRECT = ('<!DOCTYPE html><html><head><meta charset="utf-8"><title>Making deep learning fast on GPUs</title>'
             '<meta http-equiv="refresh" content="0; url=notebooks/index.html"></head><body>'
