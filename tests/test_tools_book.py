@@ -167,6 +167,7 @@ def test_the_book_builds_without_a_warning_with_every_notebook_and_exercise(buil
         f"exercises/{p.stem}.html" for p in (ROOT / "exercises").glob("*.ipynb")} | {"claims.html", "index.html"}
     assert want <= pages, sorted(want - pages)
     assert not any(p.startswith("solutions/") for p in pages)  # never the instructor's answers
+    assert 'url=notebooks/index.html"' in (html / "index.html").read_text()  # the site's root opens the course
     for stem, path in executed.items():  # each of the run's plots, as an image file of the book
         assert (html / "notebooks" / f"{stem}.html").read_text().count('src="../_images/') >= _images_in(path), stem
     assert "<math" in (html / "notebooks" / "06_writing_kernels.html").read_text()  # MathML, not MathJax
@@ -250,8 +251,8 @@ def browsed(built):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}/"
-    pages = sorted(p.relative_to(html).as_posix() for p in html.rglob("*.html")
-                   if not p.relative_to(html).as_posix().startswith(("_static/", "_sources/")))
+    pages = sorted(p.relative_to(html).as_posix() for p in html.rglob("*.html")  # index.html: only a redirect
+                   if not p.relative_to(html).as_posix().startswith(("_static/", "_sources/", "index.html")))
     port, profile = _free_port(), tempfile.mkdtemp()
     chrome = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                                "--hide-scrollbars", "--window-size=1400,900", f"--remote-debugging-port={port}",
