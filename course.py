@@ -5,6 +5,7 @@
     python3 course.py test            # install into .venv, run unit tests + every notebook (nbval)
     python3 course.py test --full     # the same at full problem sizes (on a GPU host)
     python3 course.py test --latest   # the newest versions pyproject.toml allows, in .venv-latest (drift check)
+    python3 course.py book [RUN ...]  # the course as a static HTML book (build/book/html) from `labkit run` folders
 
 .venv gets exactly the locked versions: every package in locks/course.txt (with hashes), and PyTorch and
 Triton as the pair in locks/torch.toml (a GPU host keeps the PyTorch it has). `--unlocked` installs the newest
@@ -29,6 +30,8 @@ VENV = ROOT / ".venv"
 LATEST_VENV = ROOT / ".venv-latest"
 LOCK = ROOT / "locks" / "course.txt"
 TORCH_PAIRS = ROOT / "locks" / "torch.toml"
+BOOK_LOCK = ROOT / "locks" / "book.txt"  # the book's tools (pyproject's [book] extra): `course.py book` and the tests
+BOOK_NEEDED = ["sphinx", "myst_nb", "sphinx_book_theme", "latex2mathml"]
 NEEDED = ["torch", "numpy", "matplotlib", "ipykernel", "ipywidgets", "nbval", "papermill", "tqdm", "pytest"]
 if sys.platform.startswith("linux"):
     NEEDED.append("triton")
@@ -103,7 +106,7 @@ def install_locked(py: str) -> dict:
 def install_unlocked(py: str, upgrade: bool) -> dict:
     """Install the newest versions pyproject.toml allows (for --unlocked and --latest)."""
     print("course: installing the newest versions pyproject.toml allows (not the lock)")
-    _pip(py, *(["--upgrade", "--upgrade-strategy", "eager"] if upgrade else []), "-e", f"{ROOT}[dev]",
+    _pip(py, *(["--upgrade", "--upgrade-strategy", "eager"] if upgrade else []), "-e", f"{ROOT}[dev,book]",
          what="labkit and its dependencies")
     return {"lock": "unlocked " + _stamp_of(ROOT / "pyproject.toml"), "torch_from": "newest allowed"}
 
@@ -113,9 +116,12 @@ def show_versions(py: str) -> None:
     print("course: using " + ", ".join(f"{k} {v[k] or 'not installed'}" for k in v))
 
 
-def ensure_env(extra: list[str], unlocked: bool = False, where: Path = VENV, upgrade: bool = False) -> str:
-    """The Python to run the course with, installing into `where` what the lock (or --unlocked) says."""
-    if where == VENV and not unlocked and has_everything(sys.executable, extra):
+def ensure_env(extra: list[str], unlocked: bool = False, where: Path = VENV, upgrade: bool = False,
+               book: bool = False) -> str:
+    """The Python to run the course with, installing into `where` what the lock (or --unlocked) says; with `book`,
+    the book's tools too (locks/book.txt): the running Python is then used as it is only if it has them."""
+    if where == VENV and not unlocked and has_everything(sys.executable, extra) and (
+            not book or has_everything(sys.executable, BOOK_NEEDED)):
         return sys.executable
     if not Path(venv_python(where)).exists():
         print(f"course: creating {where} (it sees this Python's packages, so a GPU build of torch is reused)")
@@ -128,12 +134,23 @@ def ensure_env(extra: list[str], unlocked: bool = False, where: Path = VENV, upg
         done = json.loads(stamp.read_text()) if stamp.exists() else {}
     except ValueError:
         done = {}
-    if done.get("lock") == wanted and not upgrade and has_everything(py, extra):
-        return py
-    record = install_unlocked(py, upgrade) if unlocked else install_locked(py)
-    stamp.write_text(json.dumps(record))
-    show_versions(py)
+    if not (done.get("lock") == wanted and not upgrade and has_everything(py, extra)):
+        record = install_unlocked(py, upgrade) if unlocked else install_locked(py)
+        stamp.write_text(json.dumps(record))
+        show_versions(py)
+    if book and not unlocked:
+        install_book_tools(py, where / ".installed-book")
     return py
+
+
+def install_book_tools(py: str, stamp: Path) -> None:
+    """The book's tools from locks/book.txt (held to locks/course.txt's versions, so the course's are unchanged)."""
+    wanted = _stamp_of(BOOK_LOCK)
+    if stamp.exists() and stamp.read_text() == wanted and has_everything(py, BOOK_NEEDED):
+        return
+    print("course: installing the book's tools (locks/book.txt: Sphinx, MyST-NB, the Sphinx Book Theme)")
+    _pip(py, "--require-hashes", "--no-deps", "-r", str(BOOK_LOCK), what="the book's tools")
+    stamp.write_text(wanted)
 
 
 def run_env(full: bool) -> dict[str, str]:
@@ -151,6 +168,8 @@ def test(args: argparse.Namespace) -> int:
         py = ensure_env([], unlocked=True, where=LATEST_VENV, upgrade=True)
     else:
         py = ensure_env([], unlocked=args.unlocked)
+        if py != sys.executable and not args.unlocked:  # tests/test_tools_book.py builds a book (skipped without)
+            install_book_tools(py, VENV / ".installed-book")
     chosen = [a for a in args.pytest_args if not a.startswith("-")]
     options = [a for a in args.pytest_args if a.startswith("-")]
     paths = chosen or ["tests"] + [d for d in NOTEBOOK_DIRS if any((ROOT / d).glob("*.ipynb"))]
@@ -158,6 +177,29 @@ def test(args: argparse.Namespace) -> int:
            f"--nbval-cell-timeout={3600 if args.full else 600}", "-p", "no:cacheprovider", "-rs", *options]
     print("course:", " ".join(cmd[1:]))
     return subprocess.run(cmd, cwd=ROOT, env=run_env(args.full)).returncode
+
+
+BOOK_OUT = ROOT / "build" / "book"
+
+
+def book(args: argparse.Namespace) -> int:
+    """Build the HTML book from run folders, or from a quick run made first (labkit/tools/book.py builds it)."""
+    py = ensure_env([], unlocked=args.unlocked, book=True)
+    env = run_env(full=False)
+    env.pop("LABKIT_CLAIMS_STRICT")  # a batch run records every verdict; the book shows them
+    folders, ran = [Path(f).resolve() for f in args.run_folders], 0
+    if not folders:
+        folders = [BOOK_OUT / "run"]
+        print(f"course: no run folder given: running every notebook in quick mode first (labkit run -p quick true; "
+              f"about 5-10 minutes on a laptop) into {folders[0].relative_to(ROOT)}", flush=True)
+        ran = subprocess.run([py, "-m", "labkit.cli", "run", "-p", "quick", "true", "-o", str(folders[0])],
+                             cwd=ROOT, env=env).returncode
+    code = subprocess.run([py, "-m", "labkit.cli", "book", *map(str, folders), "-o", str(args.output.resolve())],
+                          cwd=ROOT, env=env).returncode
+    if ran and not code:
+        print("course: the book is built, but the quick run had failures (listed above; the book shows them)",
+              file=sys.stderr)
+    return code or ran
 
 
 INDEX = "notebooks/index.ipynb"
@@ -249,12 +291,17 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("start", help="open the course in JupyterLab")
     s.add_argument("--new-server", action="store_true", help="start another JupyterLab even if one serves the course")
     s.add_argument("jupyter_args", nargs="*", help="passed on to jupyter lab (after --)")
-    for p in (t, s):
+    b = sub.add_parser("book", help="build the course as a static HTML book from executed notebooks")
+    b.add_argument("run_folders", nargs="*", metavar="RUN_FOLDER",
+                   help="`labkit run` output folders (one machine's; several: its shards). None: a quick run first")
+    b.add_argument("-o", "--output", type=Path, default=BOOK_OUT,
+                   help="where the book goes (default build/book; open build/book/html/index.html)")
+    for p in (t, s, b):
         p.add_argument("--unlocked", action="store_true",
                        help="install the newest versions pyproject.toml allows instead of the locked ones")
     args = ap.parse_args(argv)
     try:
-        return test(args) if args.command == "test" else start(args)
+        return {"test": test, "start": start, "book": book}[args.command](args)
     except KeyboardInterrupt:
         print("\ncourse: stopped (Ctrl-C). Run the same command again to carry on; nothing was lost.",
               file=sys.stderr)

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reference": ("labkit.tools.reference", "list each reference run's claims not yet verified on its machine "
                   "(pending.json)"),
     "ran": ("labkit.tools.ran", "check a GPU batch run really ran: no GPU section skipped, not too fast, plots kept"),
+    "book": ("labkit.tools.book", "build the course as an HTML book from executed notebooks (`labkit run` folders)"),
 }
 
 

@@ -29,6 +29,8 @@ def lock_inputs(path: Path) -> dict[str, Requirement]:
         line = line.split("#")[0].strip()
         if line.startswith("-r "):
             found.update(lock_inputs(path.parent / line[3:].strip()))
+        elif line.startswith("-c "):  # a constraint (book.in holds its pins to course.txt's), not a requirement
+            continue
         elif line:
             req = Requirement(line)
             found[canonicalize_name(req.name)] = req
@@ -64,12 +66,15 @@ def test_the_lock_input_is_pyprojects_list_less_torch_and_triton_with_the_same_b
                                                           f"vs lock {lock_in[name].specifier}")
 
 
-def test_every_locked_pin_has_a_hash_and_satisfies_pyproject():
-    text = (LOCKS / "course.txt").read_text()
-    blocks = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n", 1)[1])
+def assert_hashed(lock: Path) -> None:
+    blocks = re.split(r"\n(?=[A-Za-z0-9])", lock.read_text().split("\n", 1)[1])
     for block in blocks:
         if "==" in block.splitlines()[0]:
-            assert "--hash=sha256:" in block, f"no hash for {block.splitlines()[0]}"
+            assert "--hash=sha256:" in block, f"{lock.name}: no hash for {block.splitlines()[0]}"
+
+
+def test_every_locked_pin_has_a_hash_and_satisfies_pyproject():
+    assert_hashed(LOCKS / "course.txt")
     pins = locked(LOCKS / "course.txt")
     for name, req in pip_requirements().items():
         if name not in ("torch", "triton"):
@@ -160,3 +165,29 @@ def test_a_venv_from_the_lock_holds_exactly_the_locked_versions():
     print("\n" + ", ".join(f"{n} {have[n]}" for n in sorted(wanted) if n in ("torch", "triton", "jupyterlab", "nbval")))
     wrong = {n: (have[n], v) for n, v in wanted.items() if have[n] != v}
     assert not wrong, f"installed versions differ from the lock (installed, locked): {wrong}"
+
+
+def book_requirements() -> dict[str, Requirement]:
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["book"]
+    return {canonicalize_name(Requirement(d).name): Requirement(d) for d in extra}
+
+
+def test_the_book_lock_is_pyprojects_book_extra_hashed_within_its_bounds():
+    extra, book_in = book_requirements(), lock_inputs(LOCKS / "book.in")
+    assert {n: str(r.specifier) for n, r in book_in.items()} == {n: str(r.specifier) for n, r in extra.items()}
+    assert "-c course.txt" in (LOCKS / "book.in").read_text()
+    assert_hashed(LOCKS / "book.txt")
+    pins = locked(LOCKS / "book.txt")
+    for name, req in extra.items():
+        assert req.specifier.contains(pins[name]), f"the book lock's {name} {pins[name]} is outside pyproject's {req}"
+    assert set(course.BOOK_NEEDED) == set(__import__("labkit.tools.book", fromlist=["TOOLS"]).TOOLS)
+
+
+@pytest.mark.parametrize("python", ["3.11", "3.12"])
+def test_the_book_lock_changes_none_of_the_course_locks_versions(python):
+    """course.py installs locks/book.txt after locks/course.txt (--no-deps): a package both pin must agree."""
+    env = {**default_environment(), "python_version": python, "python_full_version": f"{python}.0"}
+    course_pins, book_pins = locked(LOCKS / "course.txt", env), locked(LOCKS / "book.txt", env)
+    shared = set(course_pins) & set(book_pins)
+    assert len(shared) > 10  # jinja2, nbformat, ipykernel...: the lock was compiled against course.txt
+    assert {k: book_pins[k] for k in shared} == {k: course_pins[k] for k in shared}

@@ -181,6 +181,13 @@ def not_made(path: Path, recorded: dict) -> list[str]:
     return [n.text for n in names if not any(n.matches(r) for r in recorded)]
 
 
+def commit_label(source: dict) -> str | None:
+    """A `source_commit` as one line: the short commit, '+ uncommitted changes' when the tree was dirty."""
+    if not source.get("commit"):
+        return None
+    return source["commit"][:12] + (" + uncommitted changes" if source.get("dirty") else "")
+
+
 def source_commit(root: Path = COURSE_ROOT) -> dict:
     """The commit the notebooks ran from and whether the tree had uncommitted changes (None outside git)."""
     def git(*args: str) -> str | None:
