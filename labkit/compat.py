@@ -26,6 +26,12 @@ Each hook: what labkit uses it for; what happens without it.
   needed.
 - `torch.cuda.memory._record_memory_history`, `torch.cuda.memory._snapshot`: the allocator's memory snapshot
   (notebook 11: what holds memory, and which allocation ran out); that section says it cannot run.
+- `torch._dynamo.mutation_guard.install_generation_tagging_init`: the grader installs torch.compile's one-time
+  patch of `nn.Module.__init__`/`__setstate__` before it pins torch's classes (labkit.exercises.integrity), so an
+  honest compile is not taken for tampering; without it, the first compile in a graded notebook is.
+- `torch._C._len_torch_function_stack`, `torch._C._len_torch_dispatch_stack`, `torch.autograd._profiler_enabled`:
+  the grader sees a torch mode or a profiler a notebook left on (labkit.exercises.integrity); without them, it
+  cannot, and says nothing.
 - `DistributedDataParallel._get_ddp_logging_data`: the sizes of DDP's gradient buckets (labkit.parallel.ddp_timing);
   one bucket of every gradient assumed.
 """
@@ -192,3 +198,27 @@ def dispatch_mode() -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     return TorchDispatchMode
+
+
+def install_compile_module_tags() -> None:
+    """Apply torch.compile's one-time patch of nn.Module.__init__ and __setstate__ now (it tags modules made
+    inside compiled code); a no-op where this PyTorch has no such hook."""
+    try:
+        from torch._dynamo.mutation_guard import install_generation_tagging_init
+    except ImportError:
+        return
+    install_generation_tagging_init()
+
+
+def torch_mode_depths() -> tuple[int, int]:
+    """How many torch function and dispatch modes are on now; (0, 0) where this PyTorch cannot say."""
+    try:
+        return torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()
+    except AttributeError:
+        return 0, 0
+
+
+def profiler_enabled() -> bool:
+    """Whether an autograd profiler is recording in this process; False where this PyTorch cannot say."""
+    probe = getattr(torch.autograd, "_profiler_enabled", None)
+    return bool(probe()) if probe is not None else False

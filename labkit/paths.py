@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent  # labkit/
@@ -26,3 +27,24 @@ def child_env(root: Path | str = COURSE_ROOT, **extra: str) -> dict[str, str]:
     (a GPU host's carried wheels live there), plus `extra` variables."""
     kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(root)]
     return {**os.environ, **extra, "PYTHONPATH": os.pathsep.join([str(root), *kept])}
+
+
+def commit_label(source: dict) -> str | None:
+    """A `source_commit` as one line: the short commit, '+ uncommitted changes' when the tree was dirty."""
+    if not source.get("commit"):
+        return None
+    return source["commit"][:12] + (" + uncommitted changes" if source.get("dirty") else "")
+
+
+def source_commit(root: Path = COURSE_ROOT) -> dict:
+    """The commit the notebooks ran from and whether the tree had uncommitted changes (None outside git)."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status)}

@@ -144,3 +144,27 @@ def test_the_slow_side_of_exercise_11_runs_clean_and_its_helpers_are_held(captur
 def test_outside_the_grading_child_nothing_is_enforced():
     assert not integrity._clean and integrity.threads() is None
     integrity.check("in a notebook's preview")  # no capture: no refusal
+
+
+def test_an_honest_compile_and_a_progress_bar_are_not_tampering(captured):
+    """torch.compile patches nn.Module.__init__/__setstate__ once and tqdm starts a monitor thread: an honest
+    notebook does both (seen on a GPU grading the capstone's solution), and neither may refuse its timed call."""
+    import tqdm
+
+    lin = torch.nn.Linear(4, 4)
+    compiled = torch.compile(lin, backend="eager")
+    assert torch.allclose(compiled(torch.ones(2, 4)), lin(torch.ones(2, 4)))
+    for _ in tqdm.tqdm(range(3)):
+        pass
+    integrity.check("after a timed round")  # raises Tampered on a rebound judge or a stray thread
+
+
+def test_rebinding_module_init_after_compile_is_still_tampering(captured):
+    """The honest patch is applied before the judge is pinned; rebinding it afterwards is still caught."""
+    init = torch.nn.Module.__init__
+    try:
+        torch.nn.Module.__init__ = lambda self, *a, **k: init(self, *a, **k)
+        with pytest.raises(integrity.Tampered, match="Module.__init__"):
+            integrity.check("after a timed round")
+    finally:
+        torch.nn.Module.__init__ = init

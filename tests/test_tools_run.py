@@ -181,7 +181,8 @@ def test_a_run_stores_the_commit_it_ran_from_and_whether_the_tree_was_dirty(tmp_
     import re
     import subprocess
 
-    from labkit.tools.run import not_made, source_commit
+    from labkit.paths import source_commit
+    from labkit.tools.run import not_made
 
     assert source_commit(tmp_path) == {"commit": None, "dirty": None}  # not a git checkout
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.modules.module as nn_module
 
+from labkit import compat
+
 JUDGING = ("labkit.exercises.ex03_timing", "labkit.exercises.ex11_profiling", "labkit.exercises.ex13_capstone",
            "labkit.exercises.speed", "labkit.exercises.integrity", "labkit.exercises.observe", "labkit.timing",
            "labkit.capstone.model", "labkit.capstone.train", "labkit.capstone.data", "torch.nn.functional")
@@ -84,11 +86,18 @@ def _apply(s: dict) -> None:
 
 
 def _modes() -> tuple[int, int]:
-    return torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()
+    return compat.torch_mode_depths()
 
 
 def capture() -> None:
     """Record the judging code and the process state, before any student code runs."""
+    compat.install_compile_module_tags()  # torch.compile's own patch of nn.Module, applied before it is pinned
+    try:
+        import tqdm
+
+        tqdm.tqdm.monitor_interval = 0  # no tqdm monitor thread: a progress bar is not a thread left running
+    except ImportError:
+        pass
     _pinned.clear()
     for where, ns in _namespaces():
         _pinned[where] = (ns, _held(ns))
@@ -131,7 +140,7 @@ def check(when: str) -> None:
                         "process with what the grader times; join them before returning")
     if _modes() != _clean["modes"]:
         problems.append("a torch function or dispatch mode it entered was still on")
-    if torch.autograd._profiler_enabled():
+    if compat.profiler_enabled():
         problems.append("a profiler it started was still on")
     if problems:
         raise Tampered(f"{when}: {'; '.join(problems)}. Nothing a notebook does may change how the grader times it")

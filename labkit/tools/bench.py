@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 import labkit
+from labkit import compat
 from labkit.kernels._bench import BenchCase
 from labkit.precision import tf32
 from labkit.timing import Timing, bench, format_ms
@@ -98,11 +99,12 @@ def host_us(fn, quick_cpu: bool) -> float:
     # GPU cycles (~2 GHz) to sleep: three times what issuing the calls took the first time, 25 to 500 ms (the
     # callers time fn first, so its first call here compiles nothing)
     cycles = int(2e9 * min(0.5, max(0.025, 3 * calls * first_s)))
+    sleep = compat.gpu_sleep() or (lambda _cycles: None)  # without it the calls may wait for the GPU: an upper bound
     samples = []
     for _ in range(repeats):
         if not quick_cpu:
             torch.cuda.synchronize()
-            torch.cuda._sleep(cycles)  # the GPU stays busy while the calls are issued: none waits for it
+            sleep(cycles)  # the GPU stays busy while the calls are issued: none waits for it
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()

@@ -20,8 +20,9 @@ from typing import Any
 
 import nbformat
 
+from labkit import paths
 from labkit.paths import COURSE_ROOT, child_env, course_notebooks
-from labkit.tools import book_pages, nbio, run
+from labkit.tools import book_pages, nbio
 
 TOOLS = ("sphinx", "myst_nb", "sphinx_book_theme", "latex2mathml")
 CSS = """
@@ -88,14 +89,14 @@ def load_runs(folders: list[Path]) -> tuple[dict[str, Any], dict[str, Path]]:
                              "a book shows one machine's run; build one book per machine")
     merged = {**summaries[0], "notebooks": [e for s in summaries for e in s.get("notebooks", [])]}
     merged["finished"] = max(str(s.get("finished", "")) for s in summaries) or None
-    commits = sorted({run.commit_label(s) for s in summaries if s.get("commit")})
+    commits = sorted({paths.commit_label(s) for s in summaries if s.get("commit")})
     merged["commit"] = " and ".join(commits) or None
     return merged, executed
 
 
 def git_commit() -> str:
     """This checkout's commit (the book's own), as `labkit run` records a run's."""
-    return run.commit_label(run.source_commit()) or "unknown (not a git checkout)"
+    return paths.commit_label(paths.source_commit()) or "unknown (not a git checkout)"
 
 
 def title_of(nb: dict, fallback: str) -> str:

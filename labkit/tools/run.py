@@ -15,15 +15,14 @@ import difflib
 import json
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 from labkit import claimnames
 from labkit import claims as claims_mod
-from labkit import reference
+from labkit import paths, reference
 from labkit.figures import figures_in, fmt_value
-from labkit.paths import COURSE_ROOT, course_notebooks, machine_slug
+from labkit.paths import course_notebooks, machine_slug
 from labkit.tools import nbio, shard
 
 
@@ -181,27 +180,6 @@ def not_made(path: Path, recorded: dict) -> list[str]:
     return [n.text for n in names if not any(n.matches(r) for r in recorded)]
 
 
-def commit_label(source: dict) -> str | None:
-    """A `source_commit` as one line: the short commit, '+ uncommitted changes' when the tree was dirty."""
-    if not source.get("commit"):
-        return None
-    return source["commit"][:12] + (" + uncommitted changes" if source.get("dirty") else "")
-
-
-def source_commit(root: Path = COURSE_ROOT) -> dict:
-    """The commit the notebooks ran from and whether the tree had uncommitted changes (None outside git)."""
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
-    return {"commit": commit, "dirty": None if status is None else bool(status)}
-
-
 def _running_cell(executed) -> str | None:
     """Papermill marks the cell that was executing when a notebook stopped; say which one it was."""
     code_cells = [c for c in executed.get("cells", []) if c.get("cell_type") == "code"]
@@ -219,7 +197,7 @@ def run_facts(parameters: dict) -> dict:
     from labkit import ceilings
 
     facts: dict = {"finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   **source_commit()}
+                   **paths.source_commit()}
     try:
         cfg = labkit.setup(device=parameters.get("device"), quick=parameters.get("quick"))
         facts["machine"] = labkit.machine_info()
