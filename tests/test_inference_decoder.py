@@ -4,7 +4,7 @@ import torch
 
 from labkit.capstone.model import GPT, GPTConfig
 from labkit.inference import Decoder
-from labkit.inference.graphs import DecodeStep
+from labkit.inference.graphs import DecodeStep, count_kernels
 
 CFG = GPTConfig(vocab=97, seq=48, d_model=48, heads=6, layers=2)
 
@@ -72,3 +72,18 @@ def test_bad_sizes_say_what_to_do(gpt):
     with pytest.raises(ValueError, match="CUDA"):
         dec = Decoder(gpt).double()
         DecodeStep(dec, dec.new_cache(1, 8), "graph")
+
+
+def test_count_kernels_counts_the_operators_a_call_makes_on_the_cpu():
+    x = torch.randn(5, 7)
+    assert count_kernels(lambda: torch.add(x, 1).mul(2).sum(), "cpu") == 3
+    with pytest.raises(RuntimeError, match="saw no operator"):
+        count_kernels(lambda: None, "cpu")
+
+
+def test_a_steps_count_grows_by_the_same_number_per_layer():
+    counts = []
+    for layers in (1, 2, 3):
+        dec = Decoder(GPT(GPTConfig(vocab=97, seq=48, d_model=48, heads=6, layers=layers), seed=2)).double()
+        counts.append(DecodeStep(dec, dec.new_cache(2, 16), "eager").count(torch.tensor([3, 5]), torch.tensor([4, 9])))
+    assert counts[2] - counts[1] == counts[1] - counts[0] > 0

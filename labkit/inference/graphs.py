@@ -1,4 +1,5 @@
-"""A decode step with fixed shapes, run eagerly, under torch.compile, or replayed from a CUDA graph.
+"""A decode step with fixed shapes, run eagerly, under torch.compile, or replayed from a CUDA graph; how many
+kernels a call runs (counted) and the time floor of one tiny kernel (measured).
 
 The step reads every cache position (masked), so its tensors keep their shapes and addresses from step to step:
 what a CUDA graph needs. Used by: notebook 14.
@@ -8,9 +9,13 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
 from labkit.inference.decoder import Decoder
 from labkit.inference.kvcache import KVCache
+from labkit.stats import Samples
+from labkit.timing import bench
 
 
 class DecodeStep:
@@ -59,3 +64,50 @@ class DecodeStep:
                 return self.fn(self.tokens, self.pos)
         self.graph.replay()
         return self.logits
+
+    def count(self, tokens: torch.Tensor, pos: torch.Tensor) -> int:
+        """Kernels one step runs on a GPU (the graph replays exactly these), or operators on the CPU: counted by
+        running the step once outside any graph (inputs copied in as a call does) under torch.profiler."""
+        def once() -> None:
+            self.tokens.copy_(tokens)
+            self.pos.copy_(pos)
+            with torch.no_grad():
+                self.fn(self.tokens, self.pos)
+        return count_kernels(once, self.cache.device)
+
+
+def count_kernels(fn: Callable[[], object], device: torch.device | str) -> int:
+    """How many GPU kernels (and device copies) one call of fn runs, counted with torch.profiler; on the CPU, how
+    many top-level operators it calls (each pays the dispatcher once)."""
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
+    fn()  # warm: lazy initialisation and autotuning are not part of a call
+    sync()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        fn()
+        sync()
+    if cuda:
+        n = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+    else:
+        n = sum(1 for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::"))
+    if n == 0:
+        raise RuntimeError(f"count_kernels: the profiler saw no {'GPU kernel' if cuda else 'operator'} in one call; "
+                           f"check that fn runs work on {dev} (on a GPU, that CUPTI is installed with the driver)")
+    return n
+
+
+def op_floor(device: torch.device | str, graph: bool, width: int = 2048) -> Samples:
+    """Time per tiny operation (an add on `width` numbers): replayed from a CUDA graph (the GPU's own floor per
+    kernel, launches excluded) or launched one by one from Python (the host's cost per operation)."""
+    dev = torch.device(device)
+    x = torch.zeros(width, device=dev)
+    if graph:
+        return bench(lambda: x.add_(1), cuda_graph=True, warmup_ms=10, rep_ms=100, device=dev).as_samples()
+    per = 100
+
+    def chain() -> None:
+        for _ in range(per):
+            x.add_(1)
+    return bench(chain, flush_cache=False, warmup_ms=10, rep_ms=100, device=dev).map(lambda ms: ms / per)
