@@ -33,8 +33,8 @@ LINKS = "[...document.querySelectorAll('.jp-RenderedMarkdown a')].map(a => a.get
 class Page:
     """One Chromium tab over the DevTools protocol: evaluate JavaScript, take screenshots."""
 
-    def __init__(self, ws):
-        self.ws, self.next_id = ws, 0
+    def __init__(self, ws, events: list | None = None):
+        self.ws, self.next_id, self.events = ws, 0, events  # events: where to keep those that arrive meanwhile
 
     async def call(self, method: str, **params):
         self.next_id += 1
@@ -45,6 +45,8 @@ class Page:
                 if "error" in msg:
                     raise RuntimeError(msg["error"])
                 return msg["result"]
+            if self.events is not None:
+                self.events.append(msg)
 
     async def js(self, expression: str):
         return (await self.call("Runtime.evaluate", expression=expression, returnByValue=True))["result"].get("value")

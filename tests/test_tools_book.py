@@ -188,19 +188,7 @@ async def _visit_all(port: int, base: str, pages: list[str]) -> dict:
     ws = await websocket_connect(tab["webSocketDebuggerUrl"], max_message_size=64 * 2**20)
     events: list[dict] = []
 
-    class Tab(Page):  # keeps the events that arrive while it waits for replies
-        async def call(self, method: str, **params):
-            self.next_id += 1
-            await self.ws.write_message(json.dumps({"id": self.next_id, "method": method, "params": params}))
-            while True:
-                msg = json.loads(await self.ws.read_message())
-                if msg.get("id") == self.next_id:
-                    if "error" in msg:
-                        raise RuntimeError(msg["error"])
-                    return msg["result"]
-                events.append(msg)
-
-    tab = Tab(ws)
+    tab = Page(ws, events)  # keeps the events that arrive while it waits for replies
     for domain in ("Page", "Network", "Runtime", "Log"):
         await tab.call(f"{domain}.enable")
     seen = {}

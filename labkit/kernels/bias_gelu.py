@@ -169,13 +169,8 @@ class BiasGelu(torch.autograd.Function):
         return dx, dbias
 
 
-def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """gelu(x + bias, approximate="tanh"), bias over the last dim; differentiable in x and bias.
-
-    x is fp32, fp16 or bf16 and bias has x's dtype; math is in fp32. x may be a non-contiguous
-    view: rows are read through their stride, and a copy is made only when the last dim is not
-    contiguous.
-    """
+def check_inputs(x: torch.Tensor, bias: torch.Tensor) -> None:
+    """bias_gelu's argument checks (the eager wrapper's and the custom op's), with what to do."""
     check_tensor("bias_gelu", "x", x)
     check_tensor("bias_gelu", "bias", bias)
     check_same_device("bias_gelu", x=x, bias=bias)
@@ -184,6 +179,16 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"bias_gelu: bias must have shape (x.shape[-1],) = "
                          f"{(x.shape[-1],) if x.dim() else '(?)'}; got x of shape {tuple(x.shape)} and bias of "
                          f"shape {tuple(bias.shape)}.")
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """gelu(x + bias, approximate="tanh"), bias over the last dim; differentiable in x and bias.
+
+    x is fp32, fp16 or bf16 and bias has x's dtype; math is in fp32. x may be a non-contiguous
+    view: rows are read through their stride, and a copy is made only when the last dim is not
+    contiguous.
+    """
+    check_inputs(x, bias)
     return BiasGelu.apply(x, bias.contiguous())
 
 

@@ -135,11 +135,5 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """labkit.kernels.bias_gelu as the custom ops labkit::bias_gelu / bias_gelu_bwd."""
-    check_tensor("bias_gelu", "x", x)
-    check_tensor("bias_gelu", "bias", bias)
-    check_same_device("bias_gelu", x=x, bias=bias)
-    check_same_dtype("bias_gelu", x=x, bias=bias)
-    if x.dim() == 0 or bias.shape != (x.shape[-1],):
-        raise ValueError(f"bias_gelu: bias must have shape (x.shape[-1],); got x {tuple(x.shape)} and bias "
-                         f"{tuple(bias.shape)}.")
+    _bias_gelu.check_inputs(x, bias)
     return _bias_gelu_op(x, bias.contiguous())

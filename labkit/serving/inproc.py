@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
-import threading
 import time
 from collections import Counter
 from typing import Callable
@@ -21,7 +20,7 @@ import torch
 
 from labkit.serving.batcher import Batcher, QueueFull, bucket_sizes
 from labkit.serving.batchsim import poisson_arrivals
-from labkit.serving.loadgen import LoadResult
+from labkit.serving.loadgen import LoadResult, in_thread
 
 
 async def run_async(run_batch: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor, rate: float,
@@ -97,19 +96,4 @@ async def run_async(run_batch: Callable[[torch.Tensor], torch.Tensor], inputs: t
 def run(*args, **kwargs) -> LoadResult:
     """`run_async` from plain code or a notebook (its own event loop, in a thread that keeps the caller's torch
     thread count: a new thread starts with OpenMP's default, one spinning worker per core, which starves the loop)."""
-    result: list = []
-    threads = torch.get_num_threads()
-
-    def target():
-        torch.set_num_threads(threads)
-        try:
-            result.append(asyncio.run(run_async(*args, **kwargs)))
-        except BaseException as err:  # re-raised in the caller's thread
-            result.append(err)
-
-    th = threading.Thread(target=target, name="inproc-load")
-    th.start()
-    th.join()
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
+    return in_thread(lambda: run_async(*args, **kwargs), "inproc-load", torch.get_num_threads())

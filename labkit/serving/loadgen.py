@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 from urllib.parse import urlparse
 
 import numpy as np
@@ -243,15 +243,25 @@ async def run_async(url: str, rate: float, n: int, payload: Callable[[int], byte
 
 def run(url: str, rate: float, n: int, payload: Callable[[int], bytes], **kwargs) -> LoadResult:
     """`run_async` from plain code or a notebook (its own event loop, in a thread)."""
+    return in_thread(lambda: run_async(url, rate, n, payload, **kwargs), "loadgen")
+
+
+def in_thread(coroutine: Callable[[], Any], name: str, threads: int | None = None) -> Any:
+    """Run `coroutine()` to completion on its own event loop in a new thread (a notebook's loop is busy) and
+    return its result or raise its error here; `threads` sets that thread's torch CPU threads."""
     result: list = []
 
     def target():
+        if threads is not None:
+            import torch  # only for a caller that asks: the load generator itself needs no torch
+
+            torch.set_num_threads(threads)
         try:
-            result.append(asyncio.run(run_async(url, rate, n, payload, **kwargs)))
+            result.append(asyncio.run(coroutine()))
         except BaseException as err:  # re-raised in the caller's thread
             result.append(err)
 
-    th = threading.Thread(target=target, name="loadgen")
+    th = threading.Thread(target=target, name=name)
     th.start()
     th.join()
     if isinstance(result[0], BaseException):
