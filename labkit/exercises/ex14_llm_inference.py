@@ -99,12 +99,14 @@ def decode_case(g: torch.Generator, batch: int, heads: int, kv_heads: int, max_l
 
 def visible_update_cache() -> list[dict]:
     g, dev = torch.Generator().manual_seed(14), str(here())
-    return [update_case(g, 1, 2, 16, 8, 1, "float32", dev), update_case(g, 3, 2, 21, 8, 5, "float32", dev)]
+    return [update_case(g, 1, 2, 16, 8, 1, "float32", dev), update_case(g, 3, 2, 21, 8, 5, "float32", dev),
+            update_case(g, 2, 1, 13, 8, 3, "bfloat16", dev), update_case(g, 1, 2, 9, 4, 2, "float64", dev)]
 
 
 def visible_decode_step() -> list[dict]:
     g, dev = torch.Generator().manual_seed(41), str(here())
-    return [decode_case(g, 2, 4, 4, 19, 8, "float32", dev), decode_case(g, 3, 4, 2, 23, 16, "float32", dev)]
+    return [decode_case(g, 2, 4, 4, 19, 8, "float32", dev), decode_case(g, 3, 4, 2, 23, 16, "float32", dev),
+            decode_case(g, 2, 4, 1, 17, 8, "bfloat16", dev), decode_case(g, 3, 2, 2, 11, 8, "float64", dev)]
 
 
 # labkit's own decoder answers this exercise: stubs while it is graded (labkit.grading.answers)
