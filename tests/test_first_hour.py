@@ -16,7 +16,7 @@ def test_every_notebook_has_a_cpu_and_a_gpu_time_with_its_machine():
         assert all(0 < s < 3600 for s in times[column]["seconds"].values())
     assert sorted(times["cpu_quick"]["seconds"]) == NOTEBOOKS  # every notebook runs here
     assert set(times["gpu_full"]["seconds"]) <= set(NOTEBOOKS) and len(times["gpu_full"]["seconds"]) >= 10
-    assert "H200" in times["gpu_full"]["machine"]
+    assert "NVIDIA" in times["gpu_full"]["machine"]  # a GPU's full-size run (the committed reference)
 
 
 def test_the_index_computes_the_time_table_from_the_data():
