@@ -109,8 +109,11 @@ def test_grader_gives_the_solution_full_marks_and_wrong_policies_less(tmp_path, 
     assert float(rows["always_now"]["launch_delay"]) < 1 and "launched too early" in feedback["always_now"]
     assert (float(rows["always_max_delay"]["launch_delay"]) < 1
             and "keeps answering 'wait'" in feedback["always_max_delay"])
-    # the import trick scores zero and says why; the notebook's own use of labkit.serving.batcher still ran
-    # (no cell error)
+    # the import trick scores zero and says why
     assert rows["importer"]["launch_delay"] == "0", feedback["importer"]
     assert "is what exercise 12_serving asks you to write" in feedback["importer"], feedback["importer"]
-    assert "code cell" not in feedback["importer"], feedback["importer"]
+    if grader_sandbox_flags:  # --unsafe-no-sandbox: labkit's own copy, the answer a stub only while it is graded
+        assert "code cell" not in feedback["importer"], feedback["importer"]
+    else:  # the sandbox's labkit has no answers at all (issue 40): a cell that calls one is told so
+        assert "the grader's copy of labkit does not have it; write your own" in feedback["importer"], \
+            feedback["importer"]
