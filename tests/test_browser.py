@@ -30,6 +30,17 @@ RENDERED = "document.body.innerText.includes('Making deep learning fast on GPUs'
 LINKS = "[...document.querySelectorAll('.jp-RenderedMarkdown a')].map(a => a.getAttribute('href'))"
 
 
+async def devtools_page_url(port: int) -> str:
+    """The DevTools websocket address of Chromium's first page tab (it comes up within seconds)."""
+    for _ in range(120):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as r:
+                return next(t for t in json.load(r) if t["type"] == "page")["webSocketDebuggerUrl"]
+        except (OSError, StopIteration):
+            await asyncio.sleep(0.5)
+    raise TimeoutError(f"Chromium's DevTools did not answer on port {port}")
+
+
 class Page:
     """One Chromium tab over the DevTools protocol: evaluate JavaScript, take screenshots."""
 
@@ -73,14 +84,7 @@ def browser_view(server, tmp_path_factory):  # noqa: F811  (the fixture imported
     shot.parent.mkdir(parents=True, exist_ok=True)
 
     async def visit():
-        for _ in range(120):  # DevTools comes up within seconds
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as r:
-                    tab = next(t for t in json.load(r) if t["type"] == "page")
-                break
-            except (OSError, StopIteration):
-                await asyncio.sleep(0.5)
-        page = Page(await websocket_connect(tab["webSocketDebuggerUrl"], max_message_size=64 * 2**20))
+        page = Page(await websocket_connect(await devtools_page_url(port), max_message_size=64 * 2**20))
         await page.call("Page.enable")
         await page.call("Page.navigate", url=url)
         deadline, rendered = time.monotonic() + 120, False

@@ -28,7 +28,7 @@ from labkit.paths import child_env
 from labkit.tools import book, book_pages
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_browser import CHROMIUM, Page, _free_port  # noqa: E402
+from test_browser import CHROMIUM, Page, _free_port, devtools_page_url  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HAVE_TOOLS = all(importlib.util.find_spec(m) for m in book.TOOLS)
@@ -178,14 +178,7 @@ def test_the_book_builds_without_a_warning_with_every_notebook_and_exercise(buil
 async def _visit_all(port: int, base: str, pages: list[str]) -> dict:
     from tornado.websocket import websocket_connect
 
-    for _ in range(120):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as r:
-                tab = next(t for t in json.load(r) if t["type"] == "page")
-            break
-        except (OSError, StopIteration):
-            await asyncio.sleep(0.5)
-    ws = await websocket_connect(tab["webSocketDebuggerUrl"], max_message_size=64 * 2**20)
+    ws = await websocket_connect(await devtools_page_url(port), max_message_size=64 * 2**20)
     events: list[dict] = []
 
     tab = Page(ws, events)  # keeps the events that arrive while it waits for replies
