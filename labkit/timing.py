@@ -10,7 +10,7 @@ import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 import torch
 
@@ -100,6 +100,34 @@ def bench(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float = 
         t = _bench_host(fn, warmup_ms, rep_ms, min_reps, max_reps, max_s)
     object.__setattr__(t, "host_busy", load.others_share())
     return t
+
+
+def bench_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 5, rep_ms: float = 100.0,
+                      **options: object) -> dict[str, Timing]:
+    """Time several calls in alternating rounds (A B, B A, ...), each `rep_ms / rounds` a round, pooling the samples.
+
+    Use it where a claim compares the calls: a change in the machine's speed while they are timed (another
+    tenant, clocks) then falls on all of them alike instead of on whichever ran last. `options` go to `bench`.
+    """
+    if not fns:
+        raise ValueError("bench_interleaved() needs at least one call to time, e.g. {'small': f, 'large': g}")
+    if rounds < 1:
+        raise ValueError(f"bench_interleaved(rounds={rounds}): use at least 1 round")
+    pooled: dict[str, list[float]] = {k: [] for k in fns}
+    busy: dict[str, list[float]] = {k: [] for k in fns}
+    labels = list(fns)
+    for r in range(rounds):
+        for label in labels if r % 2 == 0 else labels[::-1]:
+            t = bench(fns[label], rep_ms=rep_ms / rounds, **options)  # type: ignore[arg-type]
+            pooled[label] += t.samples or [t.median_ms]
+            if t.host_busy is not None:
+                busy[label].append(t.host_busy)
+    out = {}
+    for label, samples in pooled.items():
+        t = summarize(samples)
+        object.__setattr__(t, "host_busy", max(busy[label]) if busy[label] else None)
+        out[label] = t
+    return out
 
 
 def _slow(first_ms: float, rep_ms: float, min_reps: int, max_s: float, timed) -> Timing | None:

@@ -134,3 +134,27 @@ def test_a_slow_first_call_alone_is_warm_up_not_the_measurement(clock, capsys):
 def test_bench_on_cuda_without_a_gpu_says_what_to_do():
     with pytest.raises(RuntimeError, match="no CUDA GPU.*device='cpu'"):
         bench(lambda: None, device="cuda")
+
+
+def test_interleaved_rounds_spread_a_slowdown_over_every_call(clock):
+    """A machine that slows down half-way must not make the call timed second look slower (bench_interleaved)."""
+    start = clock.now
+
+    def at(ms):  # the call costs `ms`, twice that after the first 0.6 s of the run
+        return lambda: clock.advance(ms / 1e3 * (2 if clock.now - start > 0.6 else 1))
+
+    one_after_other = {"a": bench(at(1.0), warmup_ms=1, rep_ms=500, device="cpu"),
+                       "b": bench(at(1.0), warmup_ms=1, rep_ms=500, device="cpu")}
+    assert one_after_other["b"].median_ms > 1.5 * one_after_other["a"].median_ms  # the trap: b took the slowdown
+    start = clock.now
+    both = timing.bench_interleaved({"a": at(1.0), "b": at(1.0)}, rounds=6, rep_ms=1000, warmup_ms=1, device="cpu")
+    assert set(both) == {"a", "b"} and both["a"].n > 100
+    assert both["a"].median_ms == pytest.approx(both["b"].median_ms, rel=0.35)
+    assert sum(s > 1.5 for s in both["a"].samples) > 0 and sum(s > 1.5 for s in both["b"].samples) > 0
+
+
+def test_interleaved_needs_calls_and_rounds():
+    with pytest.raises(ValueError, match="at least one call"):
+        timing.bench_interleaved({})
+    with pytest.raises(ValueError, match="at least 1 round"):
+        timing.bench_interleaved({"a": lambda: None}, rounds=0)
