@@ -87,3 +87,29 @@ def test_a_steps_count_grows_by_the_same_number_per_layer():
         dec = Decoder(GPT(GPTConfig(vocab=97, seq=48, d_model=48, heads=6, layers=layers), seed=2)).double()
         counts.append(DecodeStep(dec, dec.new_cache(2, 16), "eager").count(torch.tensor([3, 5]), torch.tensor([4, 9])))
     assert counts[2] - counts[1] == counts[1] - counts[0] > 0
+
+
+def test_step_parts_run_every_product_and_every_layers_attention_with_their_bytes(gpt):
+    from labkit.inference import Counts
+    from labkit.inference.graphs import step_parts
+    from labkit.inference.quant import Int8Linear
+
+    dec = Decoder(gpt, kv_heads=2).float()
+    cache = dec.new_cache(3, CFG.seq)
+    parts = step_parts(dec, cache, torch.tensor([5, 9, 48]))
+    assert set(parts) == {"products", "attention"}
+    counts = Counts(CFG, 2, 4, 4)
+    assert parts["products"][1] == counts.weight_bytes()  # every linear's weights once: what a step reads
+    assert parts["attention"][1] == 3 * CFG.seq * counts.kv_bytes_per_token()
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, i, o: seen.append(m)) for m in dec.modules()
+             if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        parts["products"][0]()
+        parts["attention"][0]()
+    for h in hooks:
+        h.remove()
+    assert len(seen) == 6 * CFG.layers + 1 and len(set(map(id, seen))) == len(seen)
+    eight = step_parts(dec.int8(), dec.int8().new_cache(1, CFG.seq), torch.tensor([4]))
+    assert eight["products"][1] == Counts(CFG, 2, 1, 4).weight_bytes()  # int8: one byte a weight
+    assert any(isinstance(m, Int8Linear) for m in dec.int8().modules())

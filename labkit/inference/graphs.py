@@ -1,5 +1,5 @@
 """A decode step with fixed shapes, run eagerly, under torch.compile, or replayed from a CUDA graph; how many
-kernels a call runs (counted) and the time floor of one tiny kernel (measured).
+kernels a call runs (counted), the time floor of one tiny kernel (measured), and the step's parts to time alone.
 
 The step reads every cache position (masked), so its tensors keep their shapes and addresses from step to step:
 what a CUDA graph needs. Used by: notebook 14.
@@ -13,7 +13,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from labkit.inference.decoder import Decoder
-from labkit.inference.kvcache import KVCache
+from labkit.inference.kvcache import KVCache, decode_attention
 from labkit.stats import Samples
 from labkit.timing import bench
 
@@ -111,3 +111,26 @@ def op_floor(device: torch.device | str, graph: bool, width: int = 2048) -> Samp
         for _ in range(per):
             x.add_(1)
     return bench(chain, flush_cache=False, warmup_ms=10, rep_ms=100, device=dev).map(lambda ms: ms / per)
+
+
+def step_parts(dec: Decoder, cache: KVCache, lengths: torch.Tensor) -> dict[str, tuple[Callable[[], object], int]]:
+    """The decode step's two heavy parts as calls to time alone, with the bytes each must read: "products" (every
+    layer's linear layers and the head, each on its own weights, as in the step) and "attention" (every layer's one
+    query per row against its cache, `lengths` live positions per row)."""
+    dt, B, dev = dec.tok.weight.dtype, cache.batch, cache.device
+    linears = [m for layer in dec.layers for m in (layer.q, layer.k, layer.v, layer.proj, layer.fc, layer.out)]
+    linears.append(dec.head)
+    weights = [m.weight if isinstance(m, torch.nn.Linear) else m.q for m in linears]  # nn.Linear or Int8Linear
+    ins = {w.shape[1]: torch.randn(B, 1, w.shape[1], device=dev, dtype=dt) for w in weights}
+    q = torch.randn(B, dec.heads, dec.head_dim, device=dev, dtype=dt)
+
+    def products() -> None:
+        for m, w in zip(linears, weights):
+            m(ins[w.shape[1]])
+
+    def attention() -> None:
+        for k, v in zip(cache.k, cache.v):
+            decode_attention(q, k, v, lengths)
+
+    return {"products": (products, sum(w.numel() * w.element_size() for w in weights)),
+            "attention": (attention, cache.nbytes())}
