@@ -92,7 +92,7 @@ def test_a_steps_count_grows_by_the_same_number_per_layer():
 def test_step_parts_run_every_product_and_every_layers_attention_with_their_bytes(gpt):
     from labkit.inference import Counts
     from labkit.inference.graphs import step_parts
-    from labkit.inference.quant import Int8Linear
+    from labkit.inference.quant import QuantLinear
 
     dec = Decoder(gpt, kv_heads=2).float()
     cache = dec.new_cache(3, CFG.seq)
@@ -112,4 +112,4 @@ def test_step_parts_run_every_product_and_every_layers_attention_with_their_byte
     assert len(seen) == 6 * CFG.layers + 1 and len(set(map(id, seen))) == len(seen)
     eight = step_parts(dec.int8(), dec.int8().new_cache(1, CFG.seq), torch.tensor([4]))
     assert eight["products"][1] == Counts(CFG, 2, 1, 4).weight_bytes()  # int8: one byte a weight
-    assert any(isinstance(m, Int8Linear) for m in dec.int8().modules())
+    assert any(isinstance(m, QuantLinear) for m in dec.int8().modules())

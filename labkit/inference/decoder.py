@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from labkit.capstone.model import GPT
 from labkit.inference.kvcache import KVCache, decode_attention, update_cache
-from labkit.inference.quant import int8_copy
+from labkit.inference.quant import FP8, quantized_copy
 
 
 def _linear(w: torch.Tensor, b: torch.Tensor) -> nn.Linear:
@@ -50,7 +50,7 @@ class Layer(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Decoder(gpt, kv_heads): the GPT's weights as prefill + decode steps. `int8()` returns a weight-only int8 copy."""
+    """Decoder(gpt, kv_heads): the GPT's weights as prefill + decode steps. `int8()`/`fp8()`: weight-only copies."""
 
     def __init__(self, gpt: GPT, kv_heads: int | None = None):
         super().__init__()
@@ -67,7 +67,11 @@ class Decoder(nn.Module):
 
     def int8(self) -> Decoder:
         """A copy whose every linear layer holds int8 weights and per-row scales (in this decoder's dtype)."""
-        return int8_copy(copy.deepcopy(self), self.tok.weight.dtype)
+        return quantized_copy(copy.deepcopy(self), self.tok.weight.dtype)
+
+    def fp8(self) -> Decoder:
+        """A copy whose every linear layer holds fp8 (e4m3) weights and per-row scales (in this decoder's dtype)."""
+        return quantized_copy(copy.deepcopy(self), self.tok.weight.dtype, FP8)
 
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         w = self.tok.weight

@@ -120,7 +120,7 @@ def step_parts(dec: Decoder, cache: KVCache, lengths: torch.Tensor) -> dict[str,
     dt, B, dev = dec.tok.weight.dtype, cache.batch, cache.device
     linears = [m for layer in dec.layers for m in (layer.q, layer.k, layer.v, layer.proj, layer.fc, layer.out)]
     linears.append(dec.head)
-    weights = [m.weight if isinstance(m, torch.nn.Linear) else m.q for m in linears]  # nn.Linear or Int8Linear
+    weights = [m.weight if isinstance(m, torch.nn.Linear) else m.q for m in linears]  # nn.Linear or QuantLinear
     ins = {w.shape[1]: torch.randn(B, 1, w.shape[1], device=dev, dtype=dt) for w in weights}
     q = torch.randn(B, dec.heads, dec.head_dim, device=dev, dtype=dt)
 
