@@ -174,7 +174,8 @@ def test(args: argparse.Namespace) -> int:
     options = [a for a in args.pytest_args if a.startswith("-")]
     paths = chosen or ["tests"] + [d for d in NOTEBOOK_DIRS if any((ROOT / d).glob("*.ipynb"))]
     cmd = [py, "-m", "pytest", *paths, "--nbval-lax", "--nbval-current-env",
-           f"--nbval-cell-timeout={3600 if args.full else 600}", "-p", "no:cacheprovider", "-rs", "--durations=25", *options]
+           f"--nbval-cell-timeout={3600 if args.full else 600}", "-p", "no:cacheprovider", "-rs", "--durations=25",
+           *options]
     print("course:", " ".join(cmd[1:]))
     return subprocess.run(cmd, cwd=ROOT, env=run_env(args.full)).returncode
 

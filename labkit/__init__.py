@@ -11,5 +11,5 @@ from labkit.stats import Samples
 from labkit.timing import Timing, bench, bench_interleaved, gbps, tflops
 
 __all__ = ["ceilings", "reference", "claim", "diagnosis", "guess", "skip_claim", "current", "gpu_count", "have_gpus",
-           "machine_info", "setup", "show_machine", "sized", "record", "Samples", "Timing", "bench", "bench_interleaved",
-           "gbps", "tflops"]
+           "machine_info", "setup", "show_machine", "sized", "record", "Samples", "Timing", "bench",
+           "bench_interleaved", "gbps", "tflops"]
