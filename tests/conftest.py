@@ -3,6 +3,9 @@ import os
 import tempfile
 
 os.environ.setdefault("LABKIT_CACHE", tempfile.mkdtemp(prefix="labkit-test-cache-"))
+# `labkit grade` stores outcomes by the code graded (labkit/grading/memo.py): off here, so that every test that
+# grades measures what it grades (tests/test_grade_memo.py turns the store on where it tests it)
+os.environ.setdefault("LABKIT_GRADE_MEMO", "off")
 if "MPLBACKEND" not in os.environ:  # Agg for this process only: nbval's kernels keep the inline backend
     import matplotlib
 

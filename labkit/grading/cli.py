@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit import cuda
-from labkit.grading import safeio, sandbox, seal, strip
+from labkit.grading import memo, safeio, sandbox, seal, strip
 from labkit.grading.judge import Outcome
 from labkit.grading.report import StudentReport, fmt_points, publish, write_reports
 from labkit.grading.specs import default_seed, load_specs, make_cases
@@ -58,6 +58,8 @@ class GradeConfig:
     unsafe_no_sandbox: bool = False
     share_gpus: bool = False
     share_cores: bool = False
+    memo: Path | str | None = "default"  # outcomes of identical work graded before (grading.memo); None/"off": none
+    remeasure: bool = False
 
 
 def roster_hash(students: list[str]) -> str:
@@ -114,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--share-cores", action="store_true",
                     help="without a GPU, allow more workers than half the CPU cores while timed exercises are graded "
                          "(they then share cores: the same work may get other points)")
+    ap.add_argument("--memo", default="default", metavar="DIR",
+                    help="where outcomes are stored by the code graded: identical code graded again by this grader "
+                         "on this machine gets the same outcome (default: $LABKIT_GRADE_MEMO, else "
+                         "~/.cache/labkit/grades; graders sharing DIR agree; 'off': measure everything)")
+    ap.add_argument("--remeasure", action="store_true",
+                    help="grade everything again, replacing the stored outcomes of the code it grades")
     ap.add_argument("--unsafe-no-sandbox", action="store_true",
                     help="run students' code without bubblewrap (only for submissions you trust)")
     args = ap.parse_args(argv)
@@ -208,9 +216,10 @@ def grade(config: GradeConfig) -> list[StudentReport]:
             slots.put(ids[w % len(ids)])
     for cpus in split_cores(cores, workers):
         core_sets.put(cpus)
+    memo_dir = _memo_dir(config, subs_dir)
     workroot = Path(tempfile.mkdtemp(prefix="labkit-grade-")).resolve()
     protected = [graded, COURSE_ROOT / "solutions", COURSE_ROOT / "tests", COURSE_ROOT / ".git", out_dir, subs_dir,
-                 workroot]
+                 workroot] + [memo_dir] * (memo_dir is not None)
     try:
         box = sandbox.make(protected, gpu, config.memory_mb, config.unsafe_no_sandbox)
     except sandbox.SandboxError:
@@ -235,11 +244,14 @@ def grade(config: GradeConfig) -> list[StudentReport]:
     ctx = Context(specs, config.timeout, config.exercise_timeout or max(5.0, config.timeout / 4), limits, gpu,
                   gpu and cuda.missing() is None, [str(p) for p in protected], workroot, box, released, slots,
                   core_sets, labkit_copy)
+    ctx.memo = _memo(memo_dir, config.remeasure, ctx, graded, seed, ids) if memo_dir is not None else None
     columns = [s for nb in specs.values() for s in nb]
     device = "a GPU" if gpu else "the CPU (no GPU)"
     share = f" (shard {k}/{n} of {len(everyone)})" if config.shard else ""
     print(f"labkit grade: {len(subs)} submission(s){share}, {len(columns)} function(s) from {len(specs)} notebook(s), "
-          f"on {device}, {workers} worker(s), in {box.name}")
+          f"on {device}, {workers} worker(s), in {box.name}"
+          + (f"; outcomes stored in {ctx.memo.folder}" + (" (--remeasure)" if config.remeasure else "")
+             if ctx.memo is not None else ""))
     if isinstance(box, sandbox.NoSandbox):
         print("labkit grade: WARNING: --unsafe-no-sandbox: students' code runs with your user's rights")
     reports: list[StudentReport] = []
@@ -282,6 +294,32 @@ def grade(config: GradeConfig) -> list[StudentReport]:
     elif board_file is not None:
         print("labkit grade: no scored exercise (e.g. 13_capstone) was graded: no leaderboard written")
     return reports
+
+
+def _memo_dir(config: GradeConfig, subs_dir: Path) -> Path | None:
+    """The folder of stored outcomes (--memo), made and resolved; None for 'off'."""
+    folder = memo.default_folder() if config.memo == "default" else config.memo
+    if folder is None or str(folder).strip().lower() == "off":
+        return None
+    try:
+        folder = safeio.real_dir(Path(folder).expanduser(), "--memo")
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GradeError(f"--memo {folder}: {exc}; pass another folder, or --memo off") from None
+    if folder == subs_dir or folder.is_relative_to(subs_dir) or subs_dir.is_relative_to(folder):
+        raise GradeError(f"--memo {folder} and the submissions folder overlap: keep the stored outcomes apart")
+    return folder
+
+
+def _memo(folder: Path, remeasure: bool, ctx: Context, graded: Path, seed: int, ids: list[str]) -> memo.Memo:
+    """The store of outcomes by code graded, under a fingerprint of everything else that decides an outcome."""
+    import torch
+
+    gpus = [torch.cuda.get_device_name(int(i)) if i.isdigit() else i for i in ids] if ctx.gpu else []
+    grader = memo.fingerprint([COURSE_ROOT / "labkit", graded], seed=seed, gpus=gpus, cuda_build=ctx.cuda_build,
+                              timeout=ctx.timeout, exercise_timeout=ctx.exercise_timeout, limits=vars(ctx.limits),
+                              sandbox=ctx.box.name, torch=torch.__version__, cpus=os.cpu_count())
+    return memo.Memo(folder, grader, remeasure)
 
 
 if __name__ == "__main__":

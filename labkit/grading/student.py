@@ -7,6 +7,7 @@ caches are a tmpfs inside the sandbox (scratch/ in the work folder with --unsafe
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ class Context:
     gpu_slots: Any = None  # queue of CUDA_VISIBLE_DEVICES values
     core_sets: Any = None  # queue of CPU core lists, one per worker: the child pins itself to one
     labkit_copy: Any = None  # {answer: its notebook} -> the labkit copy without them (grading.strip), or None
+    memo: Any = None  # grading.memo.Memo: outcomes of identical work graded before, or None
 
 
 def _write_job(in_dir: Path, job: dict, cases: Any = None) -> None:
@@ -204,36 +206,35 @@ def _run_stage(ctx: Context, work: Path, spec: FnSpec, results: list, env: dict)
 
 
 def grade_student(ctx: Context, index: int, sub: Submission) -> StudentReport:
-    """Grade one student's notebooks in child processes; never raises for anything the student did."""
+    """Grade one student's notebooks in child processes; never raises for anything the student did. A notebook
+    whose code was graded before under this grader (ctx.memo) gets that outcome again instead."""
     t0 = time.monotonic()
     report = StudentReport(sub.student, {s.name: Outcome(s.points) for specs in ctx.specs.values() for s in specs},
                            original=sub.original, choices=list(sub.notes))
     work = ctx.workroot / f"{index:04d}"
     work.mkdir()
     jobs = _plan(ctx, report, sub.notebooks)
+    memo = ctx.memo
+    keys = {j["name"]: memo.key(j) for j in jobs if j["functions"]} if memo is not None else {}
     cuda_visible = ctx.gpu_slots.get() if ctx.gpu_slots is not None else None
     cpus = ctx.core_sets.get() if ctx.core_sets is not None else None
     try:
-        device = "cuda" if ctx.gpu else "cpu"
-        env = supervise.child_env(ctx.limits, ctx.box.scratch_for(work), device, cuda_visible)
-        files, died = {}, {}
-        for i, (owned, group) in enumerate(_by_answers(ctx, jobs)):  # answers stripped, each in its own child
-            copy = ctx.labkit_copy(owned) if owned and ctx.labkit_copy is not None else None
-            f, d = _run_notebooks(ctx, work, group, env, device, report, cpus, f"{i}-", copy)
-            files.update(f)
-            died.update(d)
-        for nb in jobs:
-            for fn in nb["functions"]:
-                spec = next(s for s in ctx.specs[nb["name"]] if s.name == fn)
-                results, problem = load_results(*files[fn]) if fn in files else (None, None)
-                if results is None:
-                    report.outcomes[fn] = judge(spec, None, problem or died.get(fn))
-                elif spec.fn.stage is not None:
-                    report.outcomes[fn] = _run_stage(ctx, work, spec, results, env)
-                else:
-                    report.outcomes[fn] = judge(spec, results, None)
-                if fn in died and results is not None and report.outcomes[fn].status != "ok":
-                    report.outcomes[fn].messages.append(died[fn])
+        with memo.locked(keys.values()) if memo is not None else contextlib.nullcontext():
+            todo = []
+            for j in jobs:
+                stored = memo.get(keys[j["name"]], j["functions"]) if j["name"] in keys else None
+                if stored is None:
+                    todo.append(j)
+                    continue
+                report.outcomes.update(stored[0])
+                report.notes += stored[1]
+                report.choices.append(f"{j['name']}: the outcome of identical code graded before by this grader on "
+                                      "this machine (labkit grade --remeasure grades it again)")
+            clean = _grade_jobs(ctx, work, todo, report, cuda_visible, cpus)
+            for j in todo:
+                if j["name"] in keys and all(clean.get(fn) for fn in j["functions"]):
+                    memo.put(keys[j["name"]], {fn: report.outcomes[fn] for fn in j["functions"]},
+                             [n for n in report.notes if n.startswith(f"{j['name']}: code cell ")])
     finally:
         if ctx.gpu_slots is not None:
             ctx.gpu_slots.put(cuda_visible)
@@ -244,3 +245,32 @@ def grade_student(ctx: Context, index: int, sub: Submission) -> StudentReport:
     report.incidents = list(dict.fromkeys(report.incidents))
     report.seconds = time.monotonic() - t0
     return report
+
+
+def _grade_jobs(ctx: Context, work: Path, jobs: list[dict], report: StudentReport, cuda_visible: str | None,
+                cpus: list[int] | None) -> dict[str, bool]:
+    """Run and judge these notebooks' functions into report.outcomes; {function: ran to a verdict} (no crash, no
+    time-out, no build stage: an outcome worth storing)."""
+    device = "cuda" if ctx.gpu else "cpu"
+    env = supervise.child_env(ctx.limits, ctx.box.scratch_for(work), device, cuda_visible)
+    files, died, clean = {}, {}, {}
+    for i, (owned, group) in enumerate(_by_answers(ctx, jobs)):  # answers stripped, each in its own child
+        copy = ctx.labkit_copy(owned) if owned and ctx.labkit_copy is not None else None
+        f, d = _run_notebooks(ctx, work, group, env, device, report, cpus, f"{i}-", copy)
+        files.update(f)
+        died.update(d)
+    for nb in jobs:
+        for fn in nb["functions"]:
+            spec = next(s for s in ctx.specs[nb["name"]] if s.name == fn)
+            results, problem = load_results(*files[fn]) if fn in files else (None, None)
+            if results is None:
+                report.outcomes[fn] = judge(spec, None, problem or died.get(fn))
+            elif spec.fn.stage is not None:
+                report.outcomes[fn] = _run_stage(ctx, work, spec, results, env)
+            else:
+                report.outcomes[fn] = judge(spec, results, None)
+            if fn in died and results is not None and report.outcomes[fn].status != "ok":
+                report.outcomes[fn].messages.append(died[fn])
+            clean[fn] = (results is not None and fn not in died and spec.fn.stage is None
+                         and not any(isinstance(r, dict) and r.get("timeout") for r in results))
+    return clean
