@@ -244,7 +244,7 @@ def grade(config: GradeConfig) -> list[StudentReport]:
     ctx = Context(specs, config.timeout, config.exercise_timeout or max(5.0, config.timeout / 4), limits, gpu,
                   gpu and cuda.missing() is None, [str(p) for p in protected], workroot, box, released, slots,
                   core_sets, labkit_copy)
-    ctx.memo = _memo(memo_dir, config.remeasure, ctx, graded, seed, ids) if memo_dir is not None else None
+    ctx.memo = _memo(memo_dir, config.remeasure, ctx, graded, seed) if memo_dir is not None else None
     columns = [s for nb in specs.values() for s in nb]
     device = "a GPU" if gpu else "the CPU (no GPU)"
     share = f" (shard {k}/{n} of {len(everyone)})" if config.shard else ""
@@ -311,11 +311,11 @@ def _memo_dir(config: GradeConfig, subs_dir: Path) -> Path | None:
     return folder
 
 
-def _memo(folder: Path, remeasure: bool, ctx: Context, graded: Path, seed: int, ids: list[str]) -> memo.Memo:
+def _memo(folder: Path, remeasure: bool, ctx: Context, graded: Path, seed: int) -> memo.Memo:
     """The store of outcomes by code graded, under a fingerprint of everything else that decides an outcome."""
     import torch
 
-    gpus = [torch.cuda.get_device_name(int(i)) if i.isdigit() else i for i in ids] if ctx.gpu else []
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if ctx.gpu else []
     grader = memo.fingerprint([COURSE_ROOT / "labkit", graded], seed=seed, gpus=gpus, cuda_build=ctx.cuda_build,
                               timeout=ctx.timeout, exercise_timeout=ctx.exercise_timeout, limits=vars(ctx.limits),
                               sandbox=ctx.box.name, torch=torch.__version__, cpus=os.cpu_count())
