@@ -5,9 +5,9 @@ the compiled kernel on every call: on an H100 host that took most of labkit's la
 once per kind of call: it keys the compiled kernel on what Triton specialises on (`spec`: each tensor's dtype
 and 16-byte alignment, each integer's divisibility by 16, being 1 and width; the constexprs and options; the
 current device), then launches it straight through the compiled kernel's launcher. Anything it does not
-recognise (the interpreter, hooks, debug or instrumentation knobs, a kernel reading globals, another Triton's
-launcher) goes through `kernel[grid]` as before. `LABKIT_FAST_LAUNCH=0` in the environment, or ENABLED = False
-at run time, sends every launch there (to compare).
+recognise (the interpreter, torch.compile tracing, hooks, debug or instrumentation knobs, a changed global,
+another Triton's launcher) goes through `kernel[grid]` as before. `LABKIT_FAST_LAUNCH=0` in the environment, or
+ENABLED = False at run time, sends every launch there (to compare).
 """
 from __future__ import annotations
 
@@ -15,12 +15,10 @@ import os
 
 import torch
 
-try:
-    from triton import knobs as _knobs
-    from triton.knobs import HookChain as _HookChain
-    from triton.runtime.jit import JITFunction as _JITFunction
-except ImportError:  # a Triton without these: every launch takes kernel[grid]
-    _knobs = _HookChain = _JITFunction = None
+from labkit import compat
+
+# (a Triton without these: every launch takes kernel[grid])
+_JITFunction, _knobs, _HookChain = compat.triton_launch() or (None, None, None)
 
 ENABLED = os.environ.get("LABKIT_FAST_LAUNCH", "1") != "0"
 MAX_ENTRIES = 4096  # compiled launches remembered per kernel (emptied past that)
@@ -29,8 +27,7 @@ MAX_ENTRIES = 4096  # compiled launches remembered per kernel (emptied past that
 def spec(a: object) -> object:
     """What Triton specialises an argument on: a tensor's dtype and 16-byte alignment; an integer's divisibility
     by 16, being 1 and its type (i32, i64, u64); a TMA descriptor's dtype, block, padding, TF32 rounding, layout
-    and base alignment;
-    else the argument's type (floats and bools are not specialised on their value)."""
+    and base alignment; else the argument's type (floats and bools are not specialised on their value)."""
     if isinstance(a, torch.Tensor):
         return a.dtype, a.data_ptr() % 16 == 0
     if isinstance(a, bool) or not isinstance(a, int):
@@ -49,6 +46,8 @@ def specs(args: tuple) -> list:
 
 
 _Tensor = torch.Tensor
+# torch.compile traces kernel[grid] into its graph (Triton kernels it knows); the direct launch it could not.
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 
 def _quiet(hook: object) -> bool:
@@ -78,6 +77,7 @@ class Launcher:
         # Only a plain @triton.jit kernel (not the interpreter's, not an autotuner) takes the fast path.
         self.disabled = _JITFunction is None or not isinstance(kernel, _JITFunction)
         self._device = self._stream = None
+        self._run_fn, self._run_ok = None, False
         self.watch: tuple = ()  # the globals the kernel reads, with their values when compiled (Triton's check)
 
     def __call__(self, grid: tuple, args: tuple, constexprs: dict, **options) -> None:
@@ -85,10 +85,9 @@ class Launcher:
 
     def launch(self, grid: tuple, args: tuple, meta: dict) -> None:
         key = None
-        if ENABLED and not self.disabled and _plain_knobs():
+        if ENABLED and not self.disabled and not _compiling() and _plain_knobs() and self._triton_run():
             if self._device is None:
-                from triton.runtime import driver
-                self._device, self._stream = driver.active.get_current_device, driver.active.get_current_stream
+                self._device, self._stream = compat.triton_device_and_stream()
             device = self._device()
             key = (device, *meta.items(), *specs(args))
             entry = self.compiled.get(key)
@@ -106,6 +105,14 @@ class Launcher:
         compiled = self.kernel[grid](*args, **meta)
         if key is not None:
             self._remember(key, compiled, len(args), meta)
+
+    def _triton_run(self) -> bool:
+        """Whether the kernel's `run` is Triton's own: one wrapped (labkit.exercises.launches records launches,
+        a profiler counts them) must see every launch, so then each one takes kernel[grid]."""
+        run = type(self.kernel).run
+        if run is not self._run_fn:
+            self._run_fn, self._run_ok = run, getattr(run, "__module__", "").startswith("triton.")
+        return self._run_ok
 
     def _globals_unchanged(self) -> bool:
         """Whether every global the kernel read when compiled still has that value (else Triton's path raises)."""
