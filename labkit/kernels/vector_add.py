@@ -71,7 +71,7 @@ class _VectorAdd(torch.autograd.Function):
 def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     # The hot path: at 1M elements the kernel runs for microseconds, so the Python around it must be
     # short: inputs of a kind that passed the checks before go straight to the launch, and the launch
-    # skips Triton's per-call argument binding (Launcher; on an H100 host Triton's own took most of it).
+    # skips Triton's per-call argument binding (Launcher, labkit/kernels/_launch.py).
     if not ((x.dtype, y.dtype, x.device, y.device) in _checked and x.shape == y.shape and x.is_contiguous()
             and y.is_contiguous() and 0 < x.numel() < 2**31):
         x, y = _checked_inputs(x, y)
