@@ -239,4 +239,5 @@ def test_labkits_kernels_launch_through_it_and_interpreted_ones_plainly():
     launchers = [layer_norm._fwd, layer_norm._bwd, layer_norm._bwd_split, softmax._one_pass, softmax._split,
                  bias_gelu._fwd, bias_gelu._bwd, vector_add._launch, _common._sum_partials]
     assert all(isinstance(la, _launch.Launcher) for la in launchers)
-    assert all(la.disabled for la in launchers) == INTERPRETED
+    # interpreted: Triton's path; on a GPU none gave up on the direct launch (after the kernel tests, in 39h.sh)
+    assert [la.disabled for la in launchers] == [INTERPRETED] * len(launchers)
