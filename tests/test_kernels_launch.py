@@ -22,7 +22,7 @@ def _args():
     t = torch.zeros(64)
     return [t, t[1:], t[4:], t.to(torch.bfloat16), t.to(torch.bfloat16)[1:], t.to(torch.float16), t.to(torch.int32),
             0, 1, 2, 16, 17, 32, -16, -17, 2**31 - 1, 2**31, 2**31 + 16, -2**31, -2**31 - 1, 2**63 - 1, 2**63,
-            2**64 - 1, 1.5, 0.0, True, False, None, *_descriptors()]
+            2**64 - 1, 1.5, 0.0, True, False, None, (16, t), (17, t), (16, t[1:]), (1.5, None), *_descriptors()]
 
 
 def _descriptors():
@@ -44,6 +44,11 @@ def test_spec_tells_apart_whatever_triton_specialises_apart():
         for j in range(len(args)):
             if triton_spec[i] != triton_spec[j]:
                 assert ours[i] != ours[j], (args[i], args[j], triton_spec[i], triton_spec[j])
+
+
+def test_other_objects_key_on_themselves_and_unhashable_ones_on_nothing_reusable():
+    assert _launch.spec("a") == (str, "a") != _launch.spec("b")
+    assert _launch.spec([1]) != _launch.spec([1])
 
 
 def _body(x_ptr, y_ptr, n, eps, BLOCK: tl.constexpr, FLAG: tl.constexpr):

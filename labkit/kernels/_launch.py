@@ -27,16 +27,25 @@ MAX_ENTRIES = 4096  # compiled launches remembered per kernel (emptied past that
 def spec(a: object) -> object:
     """What Triton specialises an argument on: a tensor's dtype and 16-byte alignment; an integer's divisibility
     by 16, being 1 and its type (i32, i64, u64); a TMA descriptor's dtype, block, padding, TF32 rounding, layout
-    and base alignment; else the argument's type (floats and bools are not specialised on their value)."""
+    and base alignment; a tuple's elements; a float's, a bool's or None's type (not specialised on the value);
+    any other object itself."""
     if isinstance(a, torch.Tensor):
         return a.dtype, a.data_ptr() % 16 == 0
-    if isinstance(a, bool) or not isinstance(a, int):
-        base = getattr(a, "base", None)
-        if isinstance(base, torch.Tensor) and hasattr(a, "block_shape"):  # TensorDescriptor (and Gluon's)
-            return (type(a), base.dtype, base.data_ptr() % 16 == 0, tuple(a.block_shape), getattr(a, "padding", None),
-                    getattr(a, "round_f32_to_tf32", None), getattr(a, "layout", None))
+    if a is None or isinstance(a, (bool, float)):
         return type(a)
-    return a % 16 == 0, a == 1, -2**31 <= a < 2**31, a >= 2**63
+    if isinstance(a, int):
+        return a % 16 == 0, a == 1, -2**31 <= a < 2**31, a >= 2**63
+    if isinstance(a, tuple):  # Triton specialises each element
+        return type(a), tuple(spec(x) for x in a)
+    base = getattr(a, "base", None)
+    if isinstance(base, torch.Tensor) and hasattr(a, "block_shape"):  # TensorDescriptor (and Gluon's)
+        return (type(a), base.dtype, base.data_ptr() % 16 == 0, tuple(a.block_shape), getattr(a, "padding", None),
+                getattr(a, "round_f32_to_tf32", None), getattr(a, "layout", None))
+    try:  # anything else: the object itself (finer than Triton's key is safe), or a key no later call has
+        hash(a)
+        return type(a), a
+    except TypeError:
+        return object()
 
 
 def specs(args: tuple) -> list:
