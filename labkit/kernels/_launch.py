@@ -2,10 +2,10 @@
 
 `kernel[grid](*args, **meta)` binds the arguments, specialises each one, builds a cache key string and looks up
 the compiled kernel on every call: profiled on an H100 host, the largest Python cost of a labkit layer norm
-forward+backward (issue 39). A Launcher does that
-once per kind of call: it keys the compiled kernel on what Triton specialises on (`spec`: each tensor's dtype
-and 16-byte alignment, each integer's divisibility by 16, being 1 and width; the constexprs and options; the
-current device), then launches it straight through the compiled kernel's launcher. Anything it does not
+forward+backward (issue 39). A Launcher does that once per kind of call: it keys the compiled kernel on what
+Triton specialises on (`spec`: each tensor's dtype and 16-byte alignment, each integer's divisibility by 16,
+being 1 and width; the constexprs and options; the current device), then launches it straight through the
+compiled kernel's launcher. Anything it does not
 recognise (the interpreter, torch.compile tracing, hooks, debug or instrumentation knobs, a changed global,
 another Triton's launcher) goes through `kernel[grid]` as before. `LABKIT_FAST_LAUNCH=0` in the environment, or
 ENABLED = False at run time, sends every launch there (to compare).
