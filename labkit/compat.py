@@ -12,6 +12,10 @@ Each hook: what labkit uses it for; what happens without it.
 - `triton.runtime.driver.active.utils.get_device_properties`: a GPU's shared memory a block; torch's figure.
 - `triton.runtime.jit.JITFunction.run`, `triton.runtime.interpreter.InterpretedFunction.run`: the exercises
   see which kernels a call launched; no launch record, and the checks say so.
+- `triton.runtime.jit.JITFunction` (its `params`, `pre_run_hooks`, `used_global_vals`), `triton.knobs` (launch
+  hooks, debug, instrumentation), `triton.runtime.driver.active.get_current_device`/`get_current_stream`, a
+  CompiledKernel's `run`/`function`/`packed_metadata`: labkit.kernels._launch launches a compiled kernel without
+  Triton's per-call binding (issue 39); without them, every launch takes `kernel[grid]`, as before.
 - `triton.runtime.interpreter` (`_patch_lang_tensor`, `InterpreterBuilder`): labkit.setup() mends the
   interpreter; it runs as Triton has it.
 - `torch.cuda._compile_kernel`, `torch.cuda._utils`: the NVRTC cluster kernels (labkit/kernels/cluster/rtc.py); the
@@ -99,6 +103,25 @@ def launch_classes() -> list[type]:
     except ImportError:  # a Triton without the interpreter
         pass
     return [c for c in classes if callable(getattr(c, "run", None))]
+
+
+def triton_launch() -> tuple[type, ModuleType, type] | None:
+    """(JITFunction, triton.knobs, knobs.HookChain) for labkit.kernels._launch's direct launches, or None where this
+    Triton lacks one (then every launch takes kernel[grid])."""
+    try:
+        from triton import knobs
+        from triton.knobs import HookChain
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return None
+    return JITFunction, knobs, HookChain
+
+
+def triton_device_and_stream() -> tuple[Callable[[], int], Callable[[int], int]]:
+    """The functions Triton's own launch calls for the current device's index and its current stream's handle."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_device, driver.active.get_current_stream
 
 
 def triton_interpreter() -> ModuleType | None:

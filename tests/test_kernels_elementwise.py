@@ -165,9 +165,11 @@ def test_bf16_results_round_to_nearest_like_the_gpu(op):
 
 def test_launcher_keys_on_what_triton_specialises():
     # The cached launch may reuse a binary only for arguments Triton would have compiled it for.
-    from labkit.kernels._common import _spec
-    assert _spec(32) == (True, False, True) and _spec(1) == (False, True, True) and _spec(33) == (False, False, True)
-    assert _spec(2**31) == (True, False, False)  # needs 64 bits: another binary
+    from labkit.kernels._launch import spec as _spec
+    assert _spec(32) == (True, False, True, False) and _spec(1) == (False, True, True, False)
+    assert _spec(33) == (False, False, True, False)
+    assert _spec(2**31) == (True, False, False, False)  # needs 64 bits: another binary
+    assert _spec(2**63) == (True, False, False, True)  # unsigned 64 bits: another again
     assert _spec(1.5) is float and _spec(True) is bool
     t = torch.zeros(8)
     assert _spec(t) == (torch.float32, True) and _spec(t[1:]) == (torch.float32, False)
@@ -178,7 +180,7 @@ def test_launcher_keys_tma_descriptors_on_their_dtype_and_block():
     pytest.importorskip("triton.tools.tensor_descriptor")
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from labkit.kernels._common import _spec
+    from labkit.kernels._launch import spec as _spec
     h, b = (TensorDescriptor.from_tensor(torch.zeros(32, 32, dtype=d), [16, 16])
             for d in (torch.float16, torch.bfloat16))
     assert _spec(h) != _spec(b)

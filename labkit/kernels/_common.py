@@ -1,4 +1,4 @@
-"""Input checks and launch helpers shared by labkit's Triton kernels."""
+"""Input checks and launch helpers shared by labkit's Triton kernels (Launcher: see labkit/kernels/_launch.py)."""
 from __future__ import annotations
 
 import functools
@@ -11,6 +11,7 @@ import triton.language as tl
 
 from labkit import compat
 from labkit.device import current
+from labkit.kernels._launch import Launcher
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -57,6 +58,28 @@ def check_same_dtype(op: str, **tensors: torch.Tensor) -> None:
     if len(set(dtypes.values())) > 1:
         what = ", ".join(f"{n} is {str(d).replace('torch.', '')}" for n, d in dtypes.items())
         raise TypeError(f"{op}: inputs must share one dtype ({what}): convert them with .to(dtype).")
+
+
+_PASSED: set = set()  # (dtype, device) of inputs that passed check_inputs: later ones of that kind skip the checks
+
+
+def check_inputs(op: str, **tensors: object) -> None:
+    """check_tensor (FLOAT_DTYPES) on each of `tensors`, then check_same_device and check_same_dtype. Tensors of
+    one (dtype, device) that passed before cost a set look-up, not the checks (they run on every call)."""
+    kind = None
+    for t in tensors.values():
+        if not isinstance(t, torch.Tensor) or (kind is not None and (t.dtype, t.device) != kind):
+            break
+        kind = (t.dtype, t.device)
+    else:
+        if kind in _PASSED:
+            return
+    for name, t in tensors.items():
+        check_tensor(op, name, t)
+    check_same_device(op, **tensors)
+    check_same_dtype(op, **tensors)
+    first = next(iter(tensors.values()))
+    _PASSED.add((first.dtype, first.device))
 
 
 def builds_graph(*tensors: object) -> bool:
@@ -169,10 +192,12 @@ def sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """
     T, P, N = partial.shape
     out = torch.empty((T, N), dtype=dtype, device=partial.device)
-    block_n = 32 if INTERPRETED else 64
-    sum_partials_kernel[(cdiv(N, block_n), T)](partial, out, P, N, BLOCK_P=32, BLOCK_N=block_n,
-                                               num_warps=1 if INTERPRETED else 4)
+    _sum_partials.launch((cdiv(N, _SUM_META["BLOCK_N"]), T), (partial, out, P, N), _SUM_META)
     return out
+
+
+_sum_partials = Launcher(sum_partials_kernel)
+_SUM_META = dict(BLOCK_P=32, BLOCK_N=32 if INTERPRETED else 64, num_warps=1 if INTERPRETED else 4)
 
 
 @triton.jit
@@ -211,50 +236,3 @@ def wait_for(count_ptr, expected):
     # Spinning on acquire atomics measured faster than volatile loads plus barriers on an H200.
     while tl.atomic_add(count_ptr, 0, sem="acquire") < expected:
         pass
-
-
-class Launcher:
-    """A Triton kernel's compiled launches, cached by what Triton specialises on.
-
-    matmul uses it to launch the config its autotuner chose without going through the autotuner
-    again, and matmul_tf32 its Gluon kernel; a launch whose arguments specialise as before goes
-    straight to the compiled kernel.
-    Call it as launcher(grid, args, constexprs, num_warps=...), with the constexprs in the kernel's
-    order. In the interpreter it is the plain `kernel[grid](...)`. (For plain kernels Triton 3.6's
-    own `kernel[grid](...)` measured as fast on an H200 host, so they use that.)
-    """
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-        self.compiled: dict = {}
-        self.disabled = False
-
-    def __call__(self, grid: tuple, args: tuple, constexprs: dict, **options) -> None:
-        if INTERPRETED or self.disabled:
-            self.kernel[grid](*args, **constexprs, **options)
-            return
-        key = (tuple(map(_spec, args)), *constexprs.values(), *options.values())
-        compiled = self.compiled.get(key)
-        grid3 = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
-        if compiled is not None:  # constexprs go last, in the kernel's order, as Triton's own launch passes them
-            try:
-                compiled[grid3](*args, *constexprs.values())
-                return
-            except TypeError:  # a Triton whose compiled launcher takes other arguments: use its own path
-                self.compiled.clear()
-                self.disabled = True
-        compiled = self.kernel[grid3](*args, **constexprs, **options)
-        if compiled is not None and not self.disabled:
-            self.compiled[key] = compiled
-
-
-def _spec(a) -> object:
-    """What Triton specialises an argument on: a tensor's dtype and 16-byte alignment; a TMA descriptor's
-    dtype and block; an integer's divisibility by 16, being 1, and whether it needs 64 bits."""
-    if isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() % 16 == 0
-    if hasattr(a, "block_shape") and isinstance(getattr(a, "base", None), torch.Tensor):  # TensorDescriptor
-        return type(a), a.base.dtype, tuple(a.block_shape)
-    if isinstance(a, bool) or not isinstance(a, int):
-        return type(a)
-    return a % 16 == 0, a == 1, -2**31 <= a < 2**31

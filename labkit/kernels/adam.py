@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import FLOAT_DTYPES, INTERPRETED, check_tensor
+from labkit.kernels._common import FLOAT_DTYPES, INTERPRETED, Launcher, check_tensor
 
 # Each program updates CHUNK elements of one tensor, BLOCK at a time, with NUM_WARPS warps (both
 # doubled for 16-bit moments); swept on an H200 (200 x 1M and 8 x 16M parameters, fp32 and bf16).
@@ -92,6 +92,9 @@ def adamw_kernel(table_ptr, chunks_ptr, beta1, beta2, eps, decay, step_size, bc2
         if CODE != STATE:  # 16-bit parameters with a master: write the rounded master copy back
             out_ptr = _typed(tl.load(row + 4), CODE)
             tl.store(out_ptr + offs, p.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_adamw = Launcher(adamw_kernel)
 
 
 class TritonAdamW(torch.optim.Optimizer):
@@ -202,10 +205,10 @@ class TritonAdamW(torch.optim.Optimizer):
         bc2 = 1.0 - beta2 ** step
         # 16-bit moments move half the bytes per element: twice the block (and warps) keeps as many in flight.
         state16 = not self.master_weights and dtype != torch.float32
-        adamw_kernel[(n_chunks,)](table, chunks, beta1, beta2, group["eps"], 1.0 - lr * wd, lr / bc1,
-                                  math.sqrt(bc2), CODE=_DTYPE_CODE[dtype],
-                                  STATE=_DTYPE_CODE[dtype] if state16 else 0, BLOCK=BLOCK * (1 + state16),
-                                  CHUNK=CHUNK, num_warps=1 if INTERPRETED else NUM_WARPS * (1 + state16))
+        _adamw.launch((n_chunks,), (table, chunks, beta1, beta2, group["eps"], 1.0 - lr * wd, lr / bc1, math.sqrt(bc2)),
+                      dict(CODE=_DTYPE_CODE[dtype], STATE=_DTYPE_CODE[dtype] if state16 else 0,
+                           BLOCK=BLOCK * (1 + state16), CHUNK=CHUNK,
+                           num_warps=1 if INTERPRETED else NUM_WARPS * (1 + state16)))
         del keep  # freed memory is reused only by work queued after this kernel on the stream
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import INTERPRETED, cdiv, check_same_device, check_same_dtype, check_tensor
+from labkit.kernels._common import INTERPRETED, Launcher, cdiv, check_same_device, check_same_dtype, check_tensor
 
 DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (16, 32, 64, 128)
@@ -285,6 +285,8 @@ INTERP_BWD = (16, 32)
 
 attn_fwd_autotuned = attn_fwd_kernel if INTERPRETED else triton.autotune(
     FWD_CONFIGS, key=["N", "N_K", "D", "CAUSAL"])(attn_fwd_kernel)
+_fwd, _delta, _dkdv, _dq = map(Launcher, (attn_fwd_kernel, attn_bwd_delta_kernel, attn_bwd_dkdv_kernel,
+                                          attn_bwd_dq_kernel))
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -309,8 +311,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
         bm, bn, warps, stages = tiles
         if bm % bn:
             raise ValueError(f"attention: BLOCK_M ({bm}) must be a multiple of BLOCK_N ({bn}).")
-        attn_fwd_kernel[(cdiv(N, bm), B * H)](*args, D=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
-                                              num_warps=warps, num_stages=stages)
+        _fwd((cdiv(N, bm), B * H), args, dict(D=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal),
+             num_warps=warps, num_stages=stages)
     else:
         attn_fwd_autotuned[lambda meta: (cdiv(N, meta["BLOCK_M"]), B * H)](*args, D=D, CAUSAL=causal)
     return o, lse
@@ -332,14 +334,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         bm, bn, warps, stages = (*INTERP_BWD, 1, 1)
     else:
         bm, bn, warps, stages = BWD_TILES[D]
-    attn_bwd_delta_kernel[(cdiv(N, 64), B * H)](o, do, delta, *_strides(o), *_strides(do), H, N, D=D,
-                                                BLOCK_M=64, num_warps=4 if not INTERPRETED else 1)
+    _delta((cdiv(N, 64), B * H), (o, do, delta, *_strides(o), *_strides(do), H, N), dict(D=D, BLOCK_M=64),
+           num_warps=4 if not INTERPRETED else 1)
     common = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), H, N, N_K, scale * LOG2E, scale)
     kw = dict(D=D, CAUSAL=causal, num_warps=warps, num_stages=stages)
-    attn_bwd_dkdv_kernel[(cdiv(N_K, bn), B * H)](q, k, v, do, lse, delta, dk, dv, *common,
-                                                  BLOCK_M=bm, BLOCK_N=bn, **kw)
-    attn_bwd_dq_kernel[(cdiv(N, bn), B * H)](q, k, v, do, lse, delta, dq, *common,
-                                              BLOCK_M=bn, BLOCK_N=bm, **kw)
+    _dkdv.launch((cdiv(N_K, bn), B * H), (q, k, v, do, lse, delta, dk, dv, *common), dict(BLOCK_M=bm, BLOCK_N=bn, **kw))
+    _dq.launch((cdiv(N, bn), B * H), (q, k, v, do, lse, delta, dq, *common), dict(BLOCK_M=bn, BLOCK_N=bm, **kw))
     return dq, dk, dv
 
 

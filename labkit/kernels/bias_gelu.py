@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (INTERPRETED, PlanCache, cdiv, check_same_device, check_same_dtype, check_tensor,
+from labkit.kernels._common import (INTERPRETED, Launcher, PlanCache, builds_graph, cdiv, check_inputs as _check,
                                     next_pow2, num_sms, pipeline_stages, rows_2d, sum_partials)
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -105,6 +105,7 @@ def _tiles(n_cols: int, tile: tuple[int, int, int]) -> tuple[int, int, int]:
 
 # Launch plans by (M, N, dtype, device), worked out on a kind of call's first call.
 _FWD_PLANS, _BWD_PLANS = PlanCache(), PlanCache()
+_fwd, _bwd = Launcher(bias_gelu_fwd_kernel), Launcher(bias_gelu_bwd_kernel)
 
 
 def _fwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[tuple, dict]:
@@ -138,7 +139,7 @@ def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M and N:
         grid, meta = _fwd_launch(M, N, x.dtype, x.device)
-        bias_gelu_fwd_kernel[grid](x2, bias, y, M, N, x2.stride(0), N, **meta)
+        _fwd.launch(grid, (x2, bias, y, M, N, x2.stride(0), N), meta)
     return y if x.dim() == 2 else y.view(x.shape)
 
 
@@ -151,8 +152,7 @@ def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) ->
         return dx.view(x.shape), torch.zeros(N, dtype=bias.dtype, device=x.device)
     grid, programs, row_tiles, meta = _bwd_launch(M, N, x.dtype, x.device)
     partial = torch.empty((1, programs, N), dtype=torch.float32, device=x.device)
-    bias_gelu_bwd_kernel[grid](dy2, x2, bias, dx, partial, M, N, dy2.stride(0), x2.stride(0), N, row_tiles,
-                               programs, **meta)
+    _bwd.launch(grid, (dy2, x2, bias, dx, partial, M, N, dy2.stride(0), x2.stride(0), N, row_tiles, programs), meta)
     return (dx if x.dim() == 2 else dx.view(x.shape)), sum_partials(partial, bias.dtype)[0]
 
 
@@ -171,11 +171,8 @@ class BiasGelu(torch.autograd.Function):
 
 def check_inputs(x: torch.Tensor, bias: torch.Tensor) -> None:
     """bias_gelu's argument checks (the eager wrapper's and the custom op's), with what to do."""
-    check_tensor("bias_gelu", "x", x)
-    check_tensor("bias_gelu", "bias", bias)
-    check_same_device("bias_gelu", x=x, bias=bias)
-    check_same_dtype("bias_gelu", x=x, bias=bias)
-    if x.dim() == 0 or bias.shape != (x.shape[-1],):
+    _check("bias_gelu", x=x, bias=bias)
+    if x.dim() == 0 or bias.dim() != 1 or bias.shape[0] != x.shape[-1]:  # (ints: a Size compare costs microseconds)
         raise ValueError(f"bias_gelu: bias must have shape (x.shape[-1],) = "
                          f"{(x.shape[-1],) if x.dim() else '(?)'}; got x of shape {tuple(x.shape)} and bias of "
                          f"shape {tuple(bias.shape)}.")
@@ -189,7 +186,10 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     contiguous.
     """
     check_inputs(x, bias)
-    return BiasGelu.apply(x, bias.contiguous())
+    bias = bias.contiguous()
+    if builds_graph(x, bias):
+        return BiasGelu.apply(x, bias)
+    return bias_gelu_forward(x, bias)  # no graph to record: no autograd.Function
 
 
 # ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)

@@ -25,10 +25,9 @@ import triton
 import triton.language as tl
 
 from labkit.kernels.cluster import rtc
-from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, PlanCache, arrive, builds_graph, cdiv,
-                                    check_same_device, check_same_dtype, check_tensor, next_pow2, num_sms,
-                                    pipeline_stages, row_tile, rows_2d, split_exchange, split_ticket, sum_partials,
-                                    wait_for)
+from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, Launcher, PlanCache, arrive, builds_graph, cdiv,
+                                    check_inputs, next_pow2, num_sms, pipeline_stages, row_tile, rows_2d,
+                                    split_exchange, split_ticket, sum_partials, wait_for)
 
 MAX_COLS = 16384  # a whole row is held in registers
 
@@ -95,12 +94,12 @@ def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, 
 
 
 @triton.jit
-def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
-                          M, N, stride_dy, stride_x, stride_dx, n_row_tiles,
+def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr, M, N,
+                          stride_dy, stride_x, stride_dx, n_row_tiles,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     # Program p handles row tiles p, p + P, p + 2P, ... (P programs): it writes dx for those rows
     # and sums dy * xhat and dy over them, then stores the two partial sums as row p of
-    # dw_partial / db_partial; the caller adds the P partial rows up.
+    # dw_partial / db_partial, fp32 (2, P, N) in partial_ptr; the caller adds the P partial rows up.
     # Triton pipelines the loop STAGES deep: the next tiles' x and dy are copied into shared memory while
     # this tile is reduced and written, so the loads never stop.
     p = tl.program_id(0)
@@ -128,8 +127,8 @@ def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_p
         tl.store(dx_ptr + rows64 * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw_acc += dy * xhat
         db_acc += dy
-    tl.store(dw_partial_ptr + p * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
-    tl.store(db_partial_ptr + p * N + cols, tl.sum(db_acc, axis=0), mask=col_mask)
+    tl.store(partial_ptr + p * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+    tl.store(partial_ptr + (n_programs + p) * N + cols, tl.sum(db_acc, axis=0), mask=col_mask)
 
 
 # Wide backward rows, split. A whole row of x and dy plus the two row-wide accumulators of dweight and
@@ -148,11 +147,11 @@ def _row_chunk(ptr, row, stride, cols, col_mask, M):
 
 @triton.jit
 def layer_norm_bwd_split_kernel(part_ptr, count_ptr, M, SPLITS, GROUPS, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr,
-                                dx_ptr, dw_partial_ptr, db_partial_ptr, N, stride_dy, stride_x, stride_dx,
+                                dx_ptr, partial_out_ptr, N, stride_dy, stride_x, stride_dx,
                                 CHUNK: tl.constexpr, SPLITS_P2: tl.constexpr, STAGE: tl.constexpr):
     # part_ptr: fp32 (M, SPLITS, 2), each chunk's sums of xhat * w * dy and of w * dy; count_ptr: int32
     # (M + 1,) zeros, count[row] counts the chunks published, count[M] hands out tickets (see split_ticket).
-    # dw_partial_ptr, db_partial_ptr: fp32 (GROUPS, N), one partial row per group, added up afterwards.
+    # partial_out_ptr: fp32 (2, GROUPS, N), one partial row of dweight and one of dbias per group, added up afterwards.
     g, k = split_ticket(count_ptr + M, SPLITS, STAGE)
     cols = k * CHUNK + tl.arange(0, CHUNK)
     col_mask = cols < N
@@ -184,8 +183,8 @@ def layer_norm_bwd_split_kernel(part_ptr, count_ptr, M, SPLITS, GROUPS, dy_ptr, 
             dw_acc += dy * xhat
             db_acc += dy
     if STAGE != 1:
-        tl.store(dw_partial_ptr + g * N + cols, dw_acc, mask=col_mask)
-        tl.store(db_partial_ptr + g * N + cols, db_acc, mask=col_mask)
+        tl.store(partial_out_ptr + g * N + cols, dw_acc, mask=col_mask)
+        tl.store(partial_out_ptr + (GROUPS + g) * N + cols, db_acc, mask=col_mask)
 
 
 class WideRows(NamedTuple):
@@ -264,6 +263,8 @@ def _split_plan(M: int, N: int, device: torch.device) -> tuple[int, int, int, in
 
 # Launch plans by (M, N, dtype, device): the plan functions above run once per kind of call, not per call.
 _FWD_PLANS, _BWD_PLANS = PlanCache(), PlanCache()
+_fwd, _bwd, _bwd_split = (Launcher(k) for k in (layer_norm_fwd_kernel, layer_norm_bwd_kernel,
+                                                layer_norm_bwd_split_kernel))
 
 
 def _fwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[tuple, int, dict]:
@@ -287,7 +288,7 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     rstd = torch.empty(M, dtype=torch.float32, device=device)
     if M and N:
         grid, tiles, meta = _fwd_launch(M, N, x.dtype, device)
-        layer_norm_fwd_kernel[grid](x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), N, eps, tiles, **meta)
+        _fwd.launch(grid, (x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), N, eps, tiles), meta)
     return (y if x.dim() == 2 else y.view(x.shape)), mean, rstd
 
 
@@ -321,8 +322,8 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     if plan[0] == "rows":  # whole rows
         _, grid, programs, tiles, meta = plan
         partial = torch.empty((2, programs, N), dtype=torch.float32, device=device)
-        layer_norm_bwd_kernel[grid](dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N,
-                                    dy2.stride(0), x2.stride(0), N, tiles, **meta)
+        _bwd.launch(grid, (dy2, x2, weight, mean, rstd, dx, partial, M, N, dy2.stride(0), x2.stride(0), N, tiles),
+                    meta)
     else:  # split rows: the cluster kernel where it can run, else Triton's split kernel
         partial = _backward_cluster(dy2, x2, weight, mean, rstd, dx)
         if partial is None:
@@ -339,11 +340,11 @@ def _backward_split(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, m
     chunk, splits, groups, split_warps = plan
     partial = torch.empty((2, groups, N), dtype=torch.float32, device=x2.device)
     exchange, count = split_exchange(M, splits, x2.device)
+    args = (exchange, count, M, splits, groups, dy2, x2, weight, mean, rstd, dx, partial, N, dy2.stride(0),
+            x2.stride(0), dx.stride(0))
     for stage in SPLIT_STAGES:
-        layer_norm_bwd_split_kernel[(groups * splits,)](
-            exchange, count, M, splits, groups, dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], N,
-            dy2.stride(0), x2.stride(0), dx.stride(0), CHUNK=chunk, SPLITS_P2=next_pow2(splits), STAGE=stage,
-            num_warps=split_warps)
+        _bwd_split.launch((groups * splits,), args, dict(CHUNK=chunk, SPLITS_P2=next_pow2(splits), STAGE=stage,
+                                                         num_warps=split_warps))
     return partial
 
 
@@ -392,10 +393,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     The last dim may be at most MAX_COLS long. Rows are read through their stride; a copy is
     made only when the last dim is not contiguous.
     """
-    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
-        check_tensor("layer_norm", name, t)
-    check_same_device("layer_norm", x=x, weight=weight, bias=bias)
-    check_same_dtype("layer_norm", x=x, weight=weight, bias=bias)
+    check_inputs("layer_norm", x=x, weight=weight, bias=bias)
     if x.dim() == 0:
         raise ValueError("layer_norm: x must have at least one dimension; got a 0-d tensor.")
     N = x.shape[-1]

@@ -17,9 +17,9 @@ import triton
 import triton.language as tl
 
 from labkit.kernels.cluster import rtc
-from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, PlanCache, arrive, builds_graph, cdiv, check_tensor,
-                                    next_pow2,
-                                    num_sms, row_tile, rows_2d, split_exchange, split_ticket, wait_for)
+from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, Launcher, PlanCache, arrive, builds_graph, cdiv,
+                                    check_tensor, next_pow2, num_sms, row_tile, rows_2d, split_exchange, split_ticket,
+                                    wait_for)
 
 # Longest row kept whole in registers (one read, one write); longer rows are split across programs.
 MAX_FUSED_COLS = {torch.float32: 16384, torch.float16: 32768, torch.bfloat16: 32768}
@@ -176,10 +176,10 @@ def _softmax_split(x2: torch.Tensor, y: torch.Tensor) -> None:
     chunk = min(SPLIT_CHUNK, next_pow2(N))
     splits = cdiv(N, chunk)
     part, count = split_exchange(M, splits, x2.device)
+    args = (x2, y, part, count, M, N, x2.stride(0), y.stride(0), splits)
     for stage in SPLIT_STAGES:
-        softmax_split_kernel[(M * splits,)](x2, y, part, count, M, N, x2.stride(0), y.stride(0), splits, CHUNK=chunk,
-                                            SPLITS_P2=next_pow2(splits), STAGE=stage,
-                                            num_warps=1 if INTERPRETED else SPLIT_WARPS)
+        _split.launch((M * splits,), args, dict(CHUNK=chunk, SPLITS_P2=next_pow2(splits), STAGE=stage,
+                                                num_warps=1 if INTERPRETED else SPLIT_WARPS))
 
 
 def cluster_size(N: int, dtype: torch.dtype, threads: int | None = None, staged: int = 0) -> int | None:
@@ -226,11 +226,12 @@ def _softmax_cluster(x2: torch.Tensor, y: torch.Tensor) -> bool:
 
 # Launch plans by (M, N, dtype, device, online, split): worked out on a kind of call's first call (see _plan).
 _PLANS = PlanCache()
+_one_pass, _online, _split = Launcher(softmax_kernel), Launcher(softmax_online_kernel), Launcher(softmax_split_kernel)
 
 
 def _plan(M: int, N: int, dtype: torch.dtype, device: torch.device, online: bool | None,
           split: bool | None) -> tuple:
-    """("split",) or (kernel, grid, constexprs and num_warps) of the one-pass or streaming kernel."""
+    """("split",) or (launcher, grid, constexprs and num_warps) of the one-pass or streaming kernel."""
     if split is None:
         split = online is None and use_split(M, N, dtype, device)
     if split:
@@ -240,10 +241,10 @@ def _plan(M: int, N: int, dtype: torch.dtype, device: torch.device, online: bool
     if not online:
         # Tiles of at least 1024 (fp32) / 2048 (16-bit) elements, 16 values per thread.
         bm, bn, warps = row_tile(N, 1024 if dtype == torch.float32 else 2048, 16)
-        return softmax_kernel, (cdiv(M, bm),), dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+        return _one_pass, (cdiv(M, bm),), dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
     block = min(ONLINE_BLOCK, next_pow2(N))
     programs = min(M, ONLINE_PROGRAMS_PER_SM * num_sms(device))
-    return softmax_online_kernel, (programs,), dict(BLOCK_N=block, num_warps=1 if INTERPRETED else ONLINE_WARPS)
+    return _online, (programs,), dict(BLOCK_N=block, num_warps=1 if INTERPRETED else ONLINE_WARPS)
 
 
 def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = None) -> torch.Tensor:
@@ -263,8 +264,8 @@ def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = N
         if not _softmax_cluster(x2, y):
             _softmax_split(x2, y)
     else:
-        kernel, grid, meta = plan
-        kernel[grid](x2, y, M, N, x2.stride(0), N, **meta)
+        launcher, grid, meta = plan
+        launcher.launch(grid, (x2, y, M, N, x2.stride(0), N), meta)
     return y if x.dim() == 2 else y.view(x.shape)
 
 

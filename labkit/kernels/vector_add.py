@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, builds_graph, cdiv, check_same_device,
+from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, Launcher, builds_graph, cdiv, check_same_device,
                                     check_same_dtype, check_tensor)
 
 
@@ -70,9 +70,8 @@ class _VectorAdd(torch.autograd.Function):
 
 def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     # The hot path: at 1M elements the kernel runs for microseconds, so the Python around it must be
-    # short: inputs of a kind that passed the checks before go straight to the launch. (On an H200
-    # host, Triton 3.6's own launch took 14-20 us of CPU; a launcher of our own that cached the
-    # compiled kernel measured 3 us slower, so this is Triton's.)
+    # short: inputs of a kind that passed the checks before go straight to the launch, and the launch
+    # skips Triton's per-call argument binding (Launcher, labkit/kernels/_launch.py).
     if not ((x.dtype, y.dtype, x.device, y.device) in _checked and x.shape == y.shape and x.is_contiguous()
             and y.is_contiguous() and 0 < x.numel() < 2**31):
         x, y = _checked_inputs(x, y)
@@ -82,8 +81,12 @@ def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     z = torch.empty_like(x)
     # BLOCK elements per program and NUM_WARPS warps (1024 and 4: 128 threads, each adding 8 pairs,
     # loaded in 16-byte pieces for fp32); cdiv(n, BLOCK) programs cover the whole array.
-    vector_add_kernel[(cdiv(n, BLOCK),)](x, y, z, n, BLOCK=BLOCK, num_warps=1 if INTERPRETED else NUM_WARPS)
+    _launch.launch((cdiv(n, BLOCK),), (x, y, z, n), _META)
     return z
+
+
+_launch = Launcher(vector_add_kernel)
+_META = dict(BLOCK=BLOCK, num_warps=1 if INTERPRETED else NUM_WARPS)
 
 
 def _checked_inputs(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,148 @@
+"""Launching labkit's Triton kernels without Triton's per-call argument binding (issue 39).
+
+`kernel[grid](*args, **meta)` binds the arguments, specialises each one, builds a cache key string and looks up
+the compiled kernel on every call: profiled on an H100 host, the largest Python cost of a labkit layer norm
+forward+backward (issue 39). A Launcher does that once per kind of call: it keys the compiled kernel on what
+Triton specialises on (`spec`: each tensor's dtype and 16-byte alignment, each integer's divisibility by 16,
+being 1 and width; the constexprs and options; the current device), then launches it straight through the
+compiled kernel's launcher. Anything it does not
+recognise (the interpreter, torch.compile tracing, hooks, debug or instrumentation knobs, a changed global,
+another Triton's launcher) goes through `kernel[grid]` as before. `LABKIT_FAST_LAUNCH=0` in the environment, or
+ENABLED = False at run time, sends every launch there (to compare).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from labkit import compat
+
+# (a Triton without these: every launch takes kernel[grid])
+_JITFunction, _knobs, _HookChain = compat.triton_launch() or (None, None, None)
+
+ENABLED = os.environ.get("LABKIT_FAST_LAUNCH", "1") != "0"
+MAX_ENTRIES = 4096  # compiled launches remembered per kernel (emptied past that)
+
+
+def spec(a: object) -> object:
+    """What Triton specialises an argument on: a tensor's dtype and 16-byte alignment; an integer's divisibility
+    by 16, being 1 and its type (i32, i64, u64); a TMA descriptor's dtype, block, padding, TF32 rounding, layout
+    and base alignment; a tuple's elements; a float's, a bool's or None's type (not specialised on the value);
+    any other object itself."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    if a is None or isinstance(a, (bool, float)):
+        return type(a)
+    if isinstance(a, int):
+        return a % 16 == 0, a == 1, -2**31 <= a < 2**31, a >= 2**63
+    if isinstance(a, tuple):  # Triton specialises each element
+        return type(a), tuple(spec(x) for x in a)
+    base = getattr(a, "base", None)
+    if isinstance(base, torch.Tensor) and hasattr(a, "block_shape"):  # TensorDescriptor (and Gluon's)
+        return (type(a), base.dtype, base.data_ptr() % 16 == 0, tuple(a.block_shape), getattr(a, "padding", None),
+                getattr(a, "round_f32_to_tf32", None), getattr(a, "layout", None))
+    try:  # anything else: the object itself (finer than Triton's key is safe), or a key no later call has
+        hash(a)
+        return type(a), a
+    except TypeError:
+        return object()
+
+
+def specs(args: tuple) -> list:
+    """spec of each argument (tensors and plain ints inline: this runs on every launch)."""
+    return [(a.dtype, a.data_ptr() % 16 == 0) if type(a) is _Tensor else
+            ((a % 16 == 0, a == 1, -2**31 <= a < 2**31, a >= 2**63) if type(a) is int else spec(a)) for a in args]
+
+
+_Tensor = torch.Tensor
+# torch.compile traces kernel[grid] into its graph (Triton kernels it knows); the direct launch it could not.
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+
+def _quiet(hook: object) -> bool:
+    return hook is None or (type(hook) is _HookChain and not hook.calls)
+
+
+def _plain_knobs() -> bool:
+    """Whether Triton's launch would do nothing beyond binding and launching: no launch hooks, no debug or
+    instrumentation mode, no pipeline-inspection hook."""
+    rt = _knobs.runtime
+    return (not rt.debug and _quiet(rt.launch_enter_hook) and _quiet(rt.launch_exit_hook)
+            and getattr(rt, "add_stages_inspection_hook", None) is None
+            and not _knobs.compilation.instrumentation_mode)
+
+
+class Launcher:
+    """A Triton kernel's compiled launches, cached by what Triton specialises on.
+
+    launcher.launch(grid, args, meta): args the kernel's runtime arguments in order, meta its constexprs (after
+    every runtime argument in the kernel's signature) and options (num_warps, num_stages...) by name, as
+    `kernel[grid](*args, **meta)` takes them. launcher(grid, args, constexprs, **options) is the same.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.compiled: dict = {}
+        # Only a plain @triton.jit kernel (not the interpreter's, not an autotuner) takes the fast path.
+        self.disabled = _JITFunction is None or not isinstance(kernel, _JITFunction)
+        self._device = self._stream = None
+        self._run_fn, self._run_ok = None, False
+        self.watch: tuple = ()  # the globals the kernel reads, with their values when compiled (Triton's check)
+
+    def __call__(self, grid: tuple, args: tuple, constexprs: dict, **options) -> None:
+        self.launch(grid, args, {**constexprs, **options})
+
+    def launch(self, grid: tuple, args: tuple, meta: dict) -> None:
+        key = None
+        if ENABLED and not self.disabled and not _compiling() and _plain_knobs() and self._triton_run():
+            if self._device is None:
+                self._device, self._stream = compat.triton_device_and_stream()
+            device = self._device()
+            key = (device, *meta.items(), *specs(args))
+            entry = self.compiled.get(key)
+            if entry is not None and (not self.watch or self._globals_unchanged()):
+                run, function, packed, consts = entry
+                n = len(grid)
+                try:  # the arguments Triton's own launch passes: grid, stream, kernel, metadata, no hooks, all args
+                    run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, self._stream(device), function,
+                        packed, None, None, None, *args, *consts)
+                    return
+                except TypeError:  # a launcher that takes other arguments (fails before launching): Triton's path
+                    self.compiled.clear()
+                    self.disabled = True
+                    key = None
+        compiled = self.kernel[grid](*args, **meta)
+        if key is not None:
+            self._remember(key, compiled, len(args), meta)
+
+    def _triton_run(self) -> bool:
+        """Whether the kernel's `run` is Triton's own: one wrapped (labkit.exercises.launches records launches,
+        a profiler counts them) must see every launch, so then each one takes kernel[grid]."""
+        run = type(self.kernel).run
+        if run is not self._run_fn:
+            self._run_fn, self._run_ok = run, getattr(run, "__module__", "").startswith("triton.")
+        return self._run_ok
+
+    def _globals_unchanged(self) -> bool:
+        """Whether every global the kernel read when compiled still has that value (else Triton's path raises)."""
+        missing = object()
+        return all(scope.get(name, missing) == value for (name, _), (value, scope) in self.watch)
+
+    def _remember(self, key: tuple, compiled: object, n_args: int, meta: dict) -> None:
+        """Keep `compiled` for `key` if launching it directly is what Triton's own launch would do."""
+        kernel = self.kernel
+        if kernel.pre_run_hooks:  # Triton runs them before each launch
+            self.disabled = True
+            return
+        self.watch = tuple(kernel.used_global_vals.items())
+        params = kernel.params
+        if (compiled is None or hasattr(compiled, "result") or not hasattr(compiled, "packed_metadata")
+                or any(p.is_constexpr for p in params[:n_args])
+                or not all(p.is_constexpr and p.name in meta for p in params[n_args:])):
+            return  # not a compiled kernel, or constexprs not last, or one left at its default: Triton's path
+        run = compiled.run  # (loads the kernel onto the GPU on first use)
+        if len(self.compiled) >= MAX_ENTRIES:
+            self.compiled.clear()
+        self.compiled[key] = (run, compiled.function, compiled.packed_metadata,
+                              tuple(meta[p.name] for p in params[n_args:]))
