@@ -219,7 +219,8 @@ def claim(name: str, expected: str, holds: bool | Callable[[Mapping[str, Any]], 
         lines.append(f"    {label}: {note}")
     display_entry("\n".join(lines), MIME, entry)
     if status == FAILED and _flag("LABKIT_CLAIMS_STRICT") and not invert:
-        raise ClaimFailed(f"claim {name!r} failed: expected {expected}; {note}")
+        measured = f"; measured: {_measured_text(figs)}" if figs else ""
+        raise ClaimFailed(f"claim {name!r} failed: expected {expected}{measured}; {note}")
     return entry
 
 

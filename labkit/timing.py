@@ -102,12 +102,13 @@ def bench(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float = 
     return t
 
 
-def bench_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 5, rep_ms: float = 100.0,
-                      **options: object) -> dict[str, Timing]:
+def bench_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 20, rep_ms: float = 100.0,
+                      warmup_ms: float = 25.0, **options: object) -> dict[str, Timing]:
     """Time several calls in alternating rounds (A B, B A, ...), each `rep_ms / rounds` a round, pooling the samples.
 
     Use it where a claim compares the calls: a change in the machine's speed while they are timed (another
-    tenant, clocks) then falls on all of them alike instead of on whichever ran last. `options` go to `bench`.
+    tenant, clocks, a thread that wakes now and then) then falls on all of them alike instead of on whichever ran
+    last. Only the first round warms up. `options` go to `bench`.
     """
     if not fns:
         raise ValueError("bench_interleaved() needs at least one call to time, e.g. {'small': f, 'large': g}")
@@ -118,7 +119,8 @@ def bench_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 
     labels = list(fns)
     for r in range(rounds):
         for label in labels if r % 2 == 0 else labels[::-1]:
-            t = bench(fns[label], rep_ms=rep_ms / rounds, **options)  # type: ignore[arg-type]
+            t = bench(fns[label], rep_ms=rep_ms / rounds, warmup_ms=warmup_ms if r == 0 else 0.0,
+                      **options)  # type: ignore[arg-type]
             pooled[label] += t.samples or [t.median_ms]
             if t.host_busy is not None:
                 busy[label].append(t.host_busy)
