@@ -1,5 +1,6 @@
 """LLM inference on the capstone's small GPT: a KV-cache decoder (MHA, GQA, MQA), bytes and FLOPs per
-token, weight-only int8, CUDA-graphed decode steps and static vs continuous batching.
+token, weight-only int8 and fp8, CUDA-graphed decode steps (and their parts timed alone) and static vs
+continuous batching.
 
 Used by: notebook 14, exercise 14.
 """
