@@ -189,6 +189,29 @@ def test_a_wrapped_run_sees_every_launch():
     assert len(kernel.plain) == 2 and len(kernel.direct) == 2
 
 
+def test_the_exercises_recorder_sees_labkits_launches_while_it_records_and_only_then(monkeypatch):
+    """labkit.exercises.launches wraps JITFunction.run for good (before student code runs): labkit's launches still
+    go straight to the compiled kernel, except inside record(), where the recorder must see each one."""
+    from labkit import compat
+    from labkit.exercises import launches
+
+    for cls in compat.launch_classes():  # whatever install() wraps is put back after this test
+        monkeypatch.setattr(cls, "run", cls.run)
+    monkeypatch.setattr(launches, "_installed", False)
+    launches.install()
+    kernel = _Kernel()
+    launcher = _launcher(kernel)
+    args = (torch.zeros(4), torch.zeros(4), 4, 1.0)
+    launcher.launch((1,), args, META)
+    launcher.launch((1,), args, META)
+    assert len(kernel.plain) == 1 and len(kernel.direct) == 1  # installed, not recording: direct
+    with launches.record():
+        launcher.launch((1,), args, META)
+    assert len(kernel.plain) == 2 and len(kernel.direct) == 1  # recording: Triton's path, through the wrapper
+    launcher.launch((1,), args, META)
+    assert len(kernel.plain) == 2 and len(kernel.direct) == 2
+
+
 def test_a_launcher_that_takes_other_arguments_falls_back_for_good():
     kernel = _Kernel()
     launcher = _launcher(kernel)

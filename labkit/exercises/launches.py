@@ -63,9 +63,15 @@ def install() -> bool:
                 launch.after = [_storage_copy(t) for t in tensors]
             return result
 
+        run.labkit_recording = _recording  # labkit's own launcher goes around the wrapper while nothing records
         cls.run = run
     _installed = True
     return True
+
+
+def _recording() -> bool:
+    """Whether a record() block is open (the wrapper passes every launch straight on otherwise)."""
+    return bool(_active)
 
 
 def bind(device: str | None = None) -> None:

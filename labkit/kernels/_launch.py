@@ -87,7 +87,7 @@ class Launcher:
         # Only a plain @triton.jit kernel (not the interpreter's, not an autotuner) takes the fast path.
         self.disabled = _JITFunction is None or not isinstance(kernel, _JITFunction)
         self._device = self._stream = None
-        self._run_fn, self._run_ok = None, False
+        self._run_fn, self._run_ok, self._recording = None, False, None
         self.watch: tuple = ()  # the globals the kernel reads, with their values when compiled (Triton's check)
 
     def __call__(self, grid: tuple, args: tuple, constexprs: dict, **options) -> None:
@@ -117,12 +117,15 @@ class Launcher:
             self._remember(key, compiled, len(args), meta)
 
     def _triton_run(self) -> bool:
-        """Whether the kernel's `run` is Triton's own: one wrapped (labkit.exercises.launches records launches,
-        a profiler counts them) must see every launch, so then each one takes kernel[grid]."""
+        """Whether the kernel's `run` is Triton's own, or a wrapper that is not recording now: a wrapped run
+        (labkit.exercises.launches records launches, a profiler counts them) must see every launch while it
+        records, so then each one takes kernel[grid]. A wrapper says when it records through its
+        `labkit_recording()`; one that does not say is taken to record always."""
         run = type(self.kernel).run
         if run is not self._run_fn:
             self._run_fn, self._run_ok = run, getattr(run, "__module__", "").startswith("triton.")
-        return self._run_ok
+            self._recording = None if self._run_ok else getattr(run, "labkit_recording", None)
+        return self._run_ok or (self._recording is not None and not self._recording())
 
     def _globals_unchanged(self) -> bool:
         """Whether every global the kernel read when compiled still has that value (else Triton's path raises)."""
