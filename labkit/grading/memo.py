@@ -14,10 +14,12 @@ import fcntl
 import hashlib
 import json
 import os
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from labkit.grading import safeio
 from labkit.grading.judge import Outcome
 
 ENV = "LABKIT_GRADE_MEMO"  # a folder, or "off"
@@ -75,11 +77,10 @@ class Memo:
     def get(self, key: str, functions: list[str]) -> tuple[dict[str, Outcome], list[str]] | None:
         """(the stored outcomes of exactly these functions, the notes their run left), or None (none stored,
         unreadable, or --remeasure)."""
-        path = self.folder / f"{key}.json"
-        if self.remeasure or not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_BYTES:
+        if self.remeasure:
             return None
-        try:
-            stored = json.loads(path.read_text())
+        try:  # a regular file of bounded size, no link followed (safeio), else measured again
+            stored = json.loads(safeio.read_bytes(self.folder / f"{key}.json", MAX_BYTES))
             outcomes = {fn: Outcome(**stored["outcomes"][fn]) for fn in functions}
             notes = [str(n) for n in stored["notes"]]
         except (OSError, ValueError, KeyError, TypeError):
@@ -92,6 +93,6 @@ class Memo:
             text = json.dumps({"outcomes": {fn: asdict(o) for fn, o in outcomes.items()}, "notes": notes})
         except (TypeError, ValueError):  # details that JSON cannot hold: measured again next time
             return
-        tmp = self.folder / f".{key}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, self.folder / f"{key}.json")
+        tmp = self.folder / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+        safeio.write_new(tmp, text)
+        safeio.publish(tmp, self.folder / f"{key}.json")
