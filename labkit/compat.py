@@ -117,6 +117,15 @@ def triton_launch() -> tuple[type, ModuleType, type] | None:
     return JITFunction, knobs, HookChain
 
 
+def static_cuda_launch() -> Callable[..., Any] | None:
+    """PyTorch's C++ launcher of compiled Triton kernels, torch._C._StaticCudaLauncher._launch_kernel (the one
+    Inductor uses: function, grid x/y/z, warps, shared bytes, argument codes, arguments, stream), or None: a CPU or
+    ROCm build, or a PyTorch without it."""
+    if torch.version.hip is not None:
+        return None
+    return getattr(getattr(torch._C, "_StaticCudaLauncher", None), "_launch_kernel", None)
+
+
 def triton_device_and_stream() -> tuple[Callable[[], int], Callable[[int], int]]:
     """The functions Triton's own launch calls for the current device's index and its current stream's handle."""
     from triton.runtime import driver

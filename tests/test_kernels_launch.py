@@ -38,12 +38,28 @@ def _descriptors():
 def test_spec_tells_apart_whatever_triton_specialises_apart():
     args = _args()
     triton_spec = [native_specialize_impl(BaseBackend, a, False, True, True) for a in args]
-    ours = _launch.specs(args)
-    assert ours == [_launch.spec(a) for a in args]  # the inline version is the same function
+    ours = [_launch.spec(a) for a in args]
     for i in range(len(args)):
         for j in range(len(args)):
             if triton_spec[i] != triton_spec[j]:
                 assert ours[i] != ours[j], (args[i], args[j], triton_spec[i], triton_spec[j])
+
+
+@pytest.mark.skipif(native_specialize_impl is None, reason="this Triton has no native_specialize_impl")
+def test_the_generated_binder_tells_apart_what_triton_does_and_hands_over_pointers():
+    args = _args()
+    # one argument at a time, and pairs of arguments (tensor alignment is keyed for all tensors together)
+    calls = [(a,) for a in args] + [(a, b) for a in args[:8] for b in args]
+    keys = {}
+    for call in calls:
+        kinds = tuple(map(type, call))
+        key, values = _launch.binder(kinds)(call)
+        assert values == tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in call)
+        triton_key = tuple(native_specialize_impl(BaseBackend, a, False, True, True) for a in call)
+        keys.setdefault((kinds, key), set()).add(triton_key)
+    clashes = {k: v for k, v in keys.items() if len(v) > 1}
+    assert not clashes, clashes  # one key never stands for two of Triton's specialisations
+    assert _launch.binder(())(()) == ((), ())
 
 
 def test_other_objects_key_on_themselves_and_unhashable_ones_on_nothing_reusable():
@@ -259,6 +275,77 @@ def test_kernels_it_cannot_launch_directly_keep_tritons_path():
     for _ in range(2):
         launcher.launch((1,), (torch.zeros(4), torch.zeros(4), 4, 1.0), dict(BLOCK=16))
     assert not launcher.compiled and len(default.plain) == 2
+
+
+class _Meta:
+    num_warps, shared, num_ctas, launch_cooperative_grid, launch_pdl = 4, 1024, 1, False, False
+    global_scratch_size = profile_scratch_size = 0
+
+
+class _Src:
+    signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "eps": "fp32", "BLOCK": "constexpr",
+                 "FLAG": "constexpr"}
+
+
+def _static_compiled(kernel):
+    """Make the stand-in compiled kernels look like Triton's: a kernel handle, metadata and the signature."""
+    real = kernel._launch
+
+    def launch(args, grid, **kwargs):
+        compiled = real(args, grid, **kwargs)
+        compiled.function, compiled.metadata, compiled.src = 77, _Meta(), _Src()
+        return compiled
+    kernel._launch = launch
+
+
+def test_with_pytorchs_static_launcher_pointers_go_as_integers_and_constexprs_stay_out(monkeypatch):
+    calls = []
+    monkeypatch.setattr(_launch, "_static_launch", lambda *call: calls.append(call))
+    kernel = _Kernel()
+    _static_compiled(kernel)
+    launcher = _launcher(kernel)
+    x, y = torch.zeros(64), torch.zeros(64)
+    for grid in ((3,), (3,), (5, 2)):
+        launcher.launch(grid, (x, y, 64, 1e-5), META)
+    assert len(kernel.plain) == 1 and not kernel.direct
+    # handle, grid, warps, shared memory, codes (two scratch pointers appended), arguments, stream
+    assert calls == [(77, g, h, 1, 4, 1024, "OOifOO", (x.data_ptr(), y.data_ptr(), 64, 1e-5, None, None), 1234)
+                     for g, h in ((3, 1), (5, 2))]
+    # an integer of 1 is a constexpr in Triton's signature: left out of what is launched
+    _Src.signature = dict(_Src.signature, n="constexpr")
+    try:
+        launcher.launch((1,), (x, y, 1, 1e-5), META)
+        launcher.launch((1,), (x, y, 1, 1e-5), META)
+    finally:
+        _Src.signature = dict(_Src.signature, n="i32")
+    assert calls[-1][6:8] == ("OOfOO", (x.data_ptr(), y.data_ptr(), 1e-5, None, None))
+
+
+@pytest.mark.parametrize("change", ["no static launcher", "num_ctas", "cooperative", "pdl", "scratch",
+                                    "unknown type"])
+def test_what_the_static_launcher_cannot_do_goes_through_tritons_launcher(monkeypatch, change):
+    calls = []
+    monkeypatch.setattr(_launch, "_static_launch", None if change == "no static launcher" else
+                        lambda *call: calls.append(call))
+    meta = {"num_ctas": dict(num_ctas=2), "cooperative": dict(launch_cooperative_grid=True),
+            "pdl": dict(launch_pdl=True), "scratch": dict(global_scratch_size=128)}.get(change, {})
+    monkeypatch.setattr(_Meta, "__init__", lambda self: self.__dict__.update(meta))
+    kernel = _Kernel()
+    _static_compiled(kernel)
+    launcher = _launcher(kernel)
+    if change == "unknown type":
+        monkeypatch.setattr(_Src, "signature", dict(_Src.signature, eps="nvTmaDesc"))
+    x, y = torch.zeros(64), torch.zeros(64)
+    for _ in range(2):
+        launcher.launch((3,), (x, y, 64, 1e-5), META)
+    assert not calls and len(kernel.plain) == 1 and len(kernel.direct) == 1
+
+
+def test_a_cpu_tensor_never_reuses_a_gpu_launch():
+    """The static launcher takes pointers as integers and cannot tell a CPU tensor's: a call with one has a key of
+    its own (whether every tensor is on a GPU is part of it), so Triton's launch sees it, and refuses it."""
+    key, _ = _launch.binder((torch.Tensor, torch.Tensor))((torch.zeros(4), torch.zeros(4)))
+    assert key[-2] is False
 
 
 def test_labkits_kernels_launch_through_it_and_interpreted_ones_plainly():

@@ -224,7 +224,7 @@ def test_launch_plans_are_cached_per_kind_of_call_until_cleared(monkeypatch, clo
     mod = kernels.modules()["layer_norm"]
     x, w, b = randn(7, 33), randn(33), randn(33)
     layer_norm_forward(x, w, b)
-    key = (7, 33, torch.float32, x.device)
+    key = (7, 33, torch.float32, x.device, True)  # (with the statistics kept)
     grid, _, meta = mod._FWD_PLANS[key]
     assert meta["STAGES"] == 0  # whole-row tiles
     monkeypatch.setattr(mod, "FWD_WIDE", (16, 4, 3))  # rows of 16+ columns now take the wide-row loop
@@ -234,3 +234,15 @@ def test_launch_plans_are_cached_per_kind_of_call_until_cleared(monkeypatch, clo
     y, _, _ = layer_norm_forward(x, w, b)
     assert mod._FWD_PLANS[key][2]["STAGES"] > 0 and mod._FWD_PLANS[key][0] == (min(7, mod.num_sms(x.device)),)
     close64(y, kernels.layer_norm.reference(x.double(), w.double(), b.double()))
+
+
+@pytest.mark.parametrize("shape", [(5, 37), (3, 2, 300), (2, 9000)])
+def test_a_forward_without_backward_keeps_no_statistics_and_gives_the_same_output(shape):
+    # No graph to record (no grad, or inputs that do not require it): the kernel skips the row statistics, which
+    # only the backward reads; y is bit for bit the one the forward with statistics writes.
+    x, w, b = randn(*shape, dtype=torch.bfloat16), randn(shape[-1], dtype=torch.bfloat16), randn(shape[-1],
+                                                                                                dtype=torch.bfloat16)
+    y, mean, rstd = layer_norm_forward(x, w, b)
+    y_bare, no_mean, no_rstd = layer_norm_forward(x, w, b, stats=False)
+    assert mean is not None and rstd is not None and no_mean is None and no_rstd is None
+    assert torch.equal(y, y_bare) and torch.equal(y, kernels.layer_norm(x, w, b))

@@ -62,7 +62,8 @@ def make(bench_json: Path, summaries: list[Path] = ()) -> dict:
     keep = ("kernel", "shape", "dtype", "ms", "spread", "rate", "unit")
     return {"format": FORMAT, "machine": bench["machine"],
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "source": f"labkit bench --save ({Path(bench_json).name}) and labkit run -p quick false",
+            "source": f"labkit bench --save ({Path(bench_json).name})"
+                      + (f" and labkit run -p quick false ({len(summaries)} summaries)" if summaries else ""),
             "bench": [{k: r.get(k) for k in keep} for r in bench["rows"]], "figures": figures}
 
 
