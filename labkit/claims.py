@@ -22,12 +22,15 @@ Correctness claims (equal results, exact arithmetic, bytes as counted) take no d
 `holds` is True/False, or a test of the figures (`lambda f: ...`, given each figure's value, the median where
 it has samples) so that figures measured with repeats (a `labkit.Timing`, `labkit.Samples`) are resampled.
 LABKIT_CLAIMS_INVERT=1 inverts every claim's test (tests/test_claims_can_fail.py: each claim must then fail,
-unless a diagnosis that really holds here explains it). LABKIT_CLAIMS_STRICT=1 (the notebook tests) raises
+unless a diagnosis that really holds here explains it). LABKIT_CLAIMS_LOG=DIR (set by the test session) appends
+each claim, with the verdict its inverted test would get on the same figures, to DIR/claims-<pid>.jsonl, so the
+notebook tests' own run also answers whether each claim can fail. LABKIT_CLAIMS_STRICT=1 (the notebook tests) raises
 `ClaimFailed` on a failed claim, after printing it. `labkit run` collects every claim into its summary.
 Prose never types a measured figure: the claim's printed line is where the figure appears.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -194,9 +197,7 @@ def claim(name: str, expected: str, holds: bool | Callable[[Mapping[str, Any]], 
         entry["inverted"] = True
     if busy is not None:
         entry["host_busy"] = round(busy, 3)
-    if holds is None:
-        status, note = SKIPPED, needs or "the hardware it needs is missing here"
-    else:
+    if holds is not None:
         if callable(holds):
             values = {k: f["value"] for k, f in figs.items()}
             decision = stats.decide(holds, values, sampled, seed=name, invert=invert)
@@ -207,6 +208,16 @@ def claim(name: str, expected: str, holds: bool | Callable[[Mapping[str, Any]], 
         if invert:
             entry["uninverted"] = decision.at_medians != invert  # what the test itself gave at the medians
         status, note = _verdict(decision, bool(sampled), busy, diagnoses, because, invert)
+        if not invert and os.environ.get("LABKIT_CLAIMS_LOG"):
+            # the inverted test's answer on these figures: the opposite at the medians, as firm (every bootstrap
+            # draw flips with it), judged by the same rules (the load, the diagnoses measured here)
+            flipped = stats.Decision(not decision.at_medians, decision.agree, decision.too_few)
+            inv_status, inv_note = _verdict(flipped, bool(sampled), busy, diagnoses, because, True)
+            _log(dict(entry, status=inv_status, note=inv_note, inverted=True, uninverted=decision.at_medians))
+    else:
+        status, note = SKIPPED, needs or "the hardware it needs is missing here"
+        if not invert and os.environ.get("LABKIT_CLAIMS_LOG"):
+            _log(dict(entry, status=status, note=note, inverted=True))
     entry["status"], entry["note"] = status, note
     claims[name] = entry
     lines = [f"[{MARK[status]}] {name}: expected {expected}" + ("  (test inverted: LABKIT_CLAIMS_INVERT)" if invert
@@ -222,6 +233,14 @@ def claim(name: str, expected: str, holds: bool | Callable[[Mapping[str, Any]], 
         measured = f"; measured: {_measured_text(figs)}" if figs else ""
         raise ClaimFailed(f"claim {name!r} failed: expected {expected}{measured}; {note}")
     return entry
+
+
+def _log(inverted_entry: dict[str, Any]) -> None:
+    """Append a claim as its inverted test judged it to LABKIT_CLAIMS_LOG/claims-<pid>.jsonl, with the notebook
+    the test session named (LABKIT_NOTEBOOK)."""
+    line = json.dumps({"notebook": os.environ.get("LABKIT_NOTEBOOK", ""), "claim": inverted_entry}, default=str)
+    with open(os.path.join(os.environ["LABKIT_CLAIMS_LOG"], f"claims-{os.getpid()}.jsonl"), "a") as f:
+        f.write(line + "\n")
 
 
 def _verdict(decision: stats.Decision, timed: bool, busy: float | None, diagnoses: Sequence[Diagnosis],

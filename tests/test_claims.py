@@ -101,6 +101,40 @@ def test_inversion_turns_every_decided_claim_around(monkeypatch):
     assert claims.claim("d", "t > 2", lambda f: f["t"] > 2, figures={"t": t})["status"] == "held"
 
 
+def _cases():
+    """Claims of every kind of verdict, as (name, kwargs) (their figures are given, not measured)."""
+    steady, noisy = summarize([1.0] * 10), summarize([1.0, 3.0] * 6)
+    return [("held", dict(holds=True)), ("missed", dict(holds=False)),
+            ("rescued", dict(holds=True, diagnoses=[slow_link(True)])),
+            ("unrescued", dict(holds=True, diagnoses=[slow_link(False)])),
+            ("timed", dict(holds=lambda f: f["t"] < 2, figures={"t": steady})),
+            ("timed_miss", dict(holds=lambda f: f["t"] > 2, figures={"t": steady}, diagnoses=[slow_link(True)])),
+            ("straddles", dict(holds=lambda f: f["t"] < 2, figures={"t": noisy})),
+            ("few", dict(holds=lambda f: f["t"] < 2, figures={"t": summarize([1.0] * 3)})),
+            ("skipped", dict(holds=None, needs="a GPU"))]
+
+
+@pytest.mark.parametrize("busy", [None, 0.6])
+def test_the_logged_inverted_verdict_is_the_inverted_runs_own(monkeypatch, tmp_path, busy):
+    """LABKIT_CLAIMS_LOG logs, beside each verdict, the one LABKIT_CLAIMS_INVERT=1 gives the same figures, so one run
+    of the notebooks answers whether each claim can fail (tests/test_claims_can_fail.py)."""
+    monkeypatch.setattr(claims, "_host_busy", lambda: busy)
+    monkeypatch.setenv("LABKIT_CLAIMS_LOG", str(tmp_path))
+    monkeypatch.setenv("LABKIT_NOTEBOOK", "/course/notebooks/02_x.ipynb")
+    normal = {name: claims.claim(name, "expected", **kw) for name, kw in _cases()}
+    logged = [json.loads(line) for f in tmp_path.glob("claims-*.jsonl") for line in f.read_text().splitlines()]
+    assert {r["notebook"] for r in logged} == {"/course/notebooks/02_x.ipynb"}
+    logged = {r["claim"]["name"]: r["claim"] for r in logged}
+    monkeypatch.delenv("LABKIT_CLAIMS_LOG")
+    monkeypatch.setenv("LABKIT_CLAIMS_INVERT", "1")
+    for name, kw in _cases():
+        run = claims.claim(name, "expected", **kw)
+        assert (logged[name]["status"], logged[name]["note"]) == (run["status"], run["note"]), name
+        assert logged[name]["inverted"] and logged[name].get("uninverted") == run.get("uninverted"), name
+        assert normal[name]["status"] != "held" or run["status"] != "held", name  # (what the log is for)
+    assert list(tmp_path.glob("*")) == [tmp_path / next(tmp_path.glob("claims-*.jsonl")).name]  # nothing more
+
+
 def test_strict_mode_raises_after_printing_a_failed_claim(monkeypatch, capsys):
     monkeypatch.setenv("LABKIT_CLAIMS_STRICT", "1")
     assert claims.claim("ok", "holds", holds=True)["status"] == "held"
