@@ -13,8 +13,9 @@ GPU spends on the flush and the call. --cuda-graph times replays of a CUDA graph
 On a machine without a GPU it runs tiny sizes through the Triton interpreter (a smoke test:
 the times mean nothing there).
 Beside each time, "host us" is what issuing one call costs the host (microseconds, the GPU kept busy so
-nothing waits on it), with eager PyTorch's beside it. `--long-process` times the first case again after
-all the others (in one long process, as a training run calls it) and prints both.
+nothing waits on it), with eager PyTorch's and the production peers' (Liger-Kernel, quack) beside it.
+`--long-process` times the first case again after all the others (in one long process, as a training run calls
+it) and prints both.
 """
 from __future__ import annotations
 
@@ -159,7 +160,7 @@ def run_kernel(case: BenchCase, sizes: list[str], dtypes: list[str], use_compile
     return rows
 
 
-HOST_PEERS = ("eager", "torch")  # the PyTorch ops whose host time the table shows beside labkit's
+HOST_PEERS = ("eager", "torch", "liger", "quack")  # the PyTorch ops and production peers whose host time is shown
 
 
 def make_row(case: BenchCase, shape: str, dtype_name: str, t: Timing, work: float, ceil, base: dict,
