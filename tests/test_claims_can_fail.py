@@ -75,6 +75,26 @@ def _inverted_run(tmp_path_factory) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_cell_branches_on_a_verdict(path):
+    """The inverted verdicts are judged on the notebook tests' own figures (LABKIT_CLAIMS_LOG), which is sound only
+    while no cell reads a verdict back: a notebook that did would run differently with its claims inverted."""
+    read = []
+    for i, cell in enumerate(nbio.read(path)["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        src = "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in "".join(cell["source"]).splitlines())
+        for node in ast.walk(ast.parse(src)):
+            key = (node.slice if isinstance(node, ast.Subscript) else
+                   node.args[0] if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                   and node.func.attr == "get" and node.args else None)
+            if isinstance(key, ast.Constant) and key.value in ("status", "note", "uninverted"):
+                read.append(f"{path.name} cell {i} line {node.lineno}: reads a claim's {key.value!r}")
+            if isinstance(node, ast.Attribute) and node.attr in ("HELD", "FAILED", "DIFFERS", "INCONCLUSIVE"):
+                read.append(f"{path.name} cell {i} line {node.lineno}: compares with claims.{node.attr}")
+    assert not read, "\n".join(read)
+
+
 def _logged_run() -> dict | None:
     """The inverted verdicts the notebook tests of this session logged, as `labkit run` summarises a run; None where
     this session did not run every course notebook."""
