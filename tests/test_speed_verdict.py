@@ -64,6 +64,17 @@ def test_untouched_work_scores_zero_under_any_load(noise):
     assert CPU[0][0] > 1.1 and THRESHOLDS["cuda"][0][0] > 1.1  # the first point sits above the baseline's noise
 
 
+def test_the_solution_sits_clear_of_every_threshold_where_it_was_measured():
+    """Identical work graded twice gets the same points unless its speed-up lies within the noise of a threshold:
+    the course's own solution must not (each GPU's measured intervals at least 10% from every threshold)."""
+    from labkit.exercises import ex13_capstone as ex13
+
+    for kind, measured in ex13.SOLUTION_SPEEDUPS.items():
+        for gpu, (low, high) in measured.items():
+            near = [s for s, _ in ex13.THRESHOLDS[kind] if low / 1.1 < s < high * 1.1]
+            assert not near, f"{gpu}: the solution's {low}-{high}x lies within 10% of threshold(s) {near}"
+
+
 def test_a_right_median_on_a_loaded_machine_passes_and_a_wrong_one_fails(monkeypatch):
     """Exercise 03 on a machine so loaded that every sleep runs 4x long plus 5 ms: the grader measures again, then
     grades against its own measurement of the same calls (its clock and sleep bound before student code)."""
