@@ -38,12 +38,15 @@ MAX_ROUNDS = 16  # and at most, while the speed-up's interval straddles a thresh
 # itself measured 0.82-1.31x per round on a loaded 2-core CPU (15 rounds, median 0.99x), so an untouched loop
 # scores 0. On a CPU (quick mode) the model is tiny and there are no tensor cores, bf16 or CUDA graphs: the steps
 # that pay there (no DataLoader, no per-step sync, a fused optimizer, SDPA) buy less (the solution: a median
-# 1.38x, same run), so the thresholds are lower. On a GPU the solution measured 2.03-2.16x (the 90% intervals of
-# three gradings on an H100, one worker) and 2.09x on an H200: with 3 points at 2.0x, identical solutions graded
-# without the store of outcomes got 3 points four times and 2 once (H100); at 1.8x every interval clears it by 12%.
-SOLUTION_SPEEDUPS = {"cuda": {"NVIDIA H100 80GB HBM3": (2.03, 2.16), "NVIDIA H200": (2.09, 2.09)}}
+# 1.38x, same run), so the thresholds are lower. No threshold sits within 10% of the solution's measured interval
+# (tests/test_speed_verdict.py), else identical solutions graded without the store of outcomes get different
+# points: on a GPU the solution measured 2.03-2.16x (the 90% intervals of three gradings on an H100, one worker)
+# and 2.09x on an H200, and with 3 points at 2.0x it got 3 points four times and 2 once (H100); on this course's
+# 2-core CPU 1.40-1.53x (two gradings, quiet), between the old 1.3x and 1.6x edges.
+SOLUTION_SPEEDUPS = {"cuda": {"NVIDIA H100 80GB HBM3": (2.03, 2.16), "NVIDIA H200": (2.09, 2.09)},
+                     "cpu": {"Intel Xeon, 2 cores (the CI machine)": (1.40, 1.53)}}
 THRESHOLDS = {"cuda": ((1.2, 1), (1.5, 2), (1.8, 3), (4.0, 4)),
-              "cpu": ((1.15, 1), (1.3, 2), (1.6, 3), (2.0, 4))}
+              "cpu": ((1.15, 1), (1.25, 2), (1.7, 3), (2.2, 4))}
 MAX_POINTS = 4
 WARMUP_BUDGET_S = {"cuda": 120.0, "cpu": 60.0}  # the warm-up round: make_trainer, compile and N steps
 # How far a loop may sit from the grader's baseline on the same seed: the loss after N steps, every tenth step
