@@ -197,6 +197,7 @@ def claim(name: str, expected: str, holds: bool | Callable[[Mapping[str, Any]], 
         entry["inverted"] = True
     if busy is not None:
         entry["host_busy"] = round(busy, 3)
+    log = not invert and bool(os.environ.get("LABKIT_CLAIMS_LOG"))
     if holds is not None:
         if callable(holds):
             values = {k: f["value"] for k, f in figs.items()}
@@ -208,16 +209,17 @@ def claim(name: str, expected: str, holds: bool | Callable[[Mapping[str, Any]], 
         if invert:
             entry["uninverted"] = decision.at_medians != invert  # what the test itself gave at the medians
         status, note = _verdict(decision, bool(sampled), busy, diagnoses, because, invert)
-        if not invert and os.environ.get("LABKIT_CLAIMS_LOG"):
+        if log:
             # the inverted test's answer on these figures: the opposite at the medians, as firm (every bootstrap
             # draw flips with it), judged by the same rules (the load, the diagnoses measured here)
             flipped = stats.Decision(not decision.at_medians, decision.agree, decision.too_few)
             inv_status, inv_note = _verdict(flipped, bool(sampled), busy, diagnoses, because, True)
-            _log(dict(entry, status=inv_status, note=inv_note, inverted=True, uninverted=decision.at_medians))
+            inverted_verdict = dict(status=inv_status, note=inv_note, uninverted=decision.at_medians)
     else:
         status, note = SKIPPED, needs or "the hardware it needs is missing here"
-        if not invert and os.environ.get("LABKIT_CLAIMS_LOG"):
-            _log(dict(entry, status=status, note=note, inverted=True))
+        inverted_verdict = dict(status=status, note=note)  # inverted or not, a skipped claim is skipped
+    if log:
+        _log(dict(entry, **inverted_verdict, inverted=True))
     entry["status"], entry["note"] = status, note
     claims[name] = entry
     lines = [f"[{MARK[status]}] {name}: expected {expected}" + ("  (test inverted: LABKIT_CLAIMS_INVERT)" if invert

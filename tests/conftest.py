@@ -164,24 +164,21 @@ def pytest_collection_modifyitems(session, config, items):
     cell, and run the tests that read the log after every notebook."""
     from pathlib import Path
 
-    parents = {}
     for item in items:
         parent = item.parent
-        if type(parent).__name__ == "IPyNbFile" and id(parent) not in parents:
-            parents[id(parent)] = parent
-            NOTEBOOK_RUNS[str(Path(str(parent.path)).resolve())] = "not run"
-            parent.setup = _named_setup(parent, parent.setup)
-        if type(parent).__name__ == "IPyNbFile":
-            item.runtest = _noted_runtest(item, item.runtest)
-    last = [i for i in items if "inverted" in getattr(i, "fixturenames", ())]
-    items[:] = [i for i in items if i not in last] + last
-
-
-def _named_setup(parent, setup):
-    from pathlib import Path
-
-    def named():
+        if type(parent).__name__ != "IPyNbFile":
+            continue
         path = str(Path(str(parent.path)).resolve())
+        if path not in NOTEBOOK_RUNS:  # its first cell: the notebook's kernel starts in its set-up
+            NOTEBOOK_RUNS[path] = "not run"
+            parent.setup = _named_setup(path, parent.setup)
+        item.runtest = _noted_runtest(path, item, item.runtest)
+    last = [i for i in items if "inverted" in getattr(i, "fixturenames", ())]
+    items[:] = [i for i in items if "inverted" not in getattr(i, "fixturenames", ())] + last
+
+
+def _named_setup(path: str, setup):
+    def named():
         os.environ["LABKIT_NOTEBOOK"] = path  # the kernel starts now, with this environment
         try:
             setup()
@@ -194,14 +191,11 @@ def _named_setup(parent, setup):
     return named
 
 
-def _noted_runtest(item, runtest):
-    from pathlib import Path
-
+def _noted_runtest(path: str, item, runtest):
     def noted():
         try:
             runtest()
         except BaseException as e:
-            path = str(Path(str(item.parent.path)).resolve())
             if NOTEBOOK_RUNS.get(path) == "ok":
                 NOTEBOOK_RUNS[path] = f"{item.name}: {type(e).__name__}: {str(e)[:300]}"
             raise

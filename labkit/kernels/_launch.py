@@ -15,10 +15,9 @@ ENABLED = False at run time, sends every launch there (to compare).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
-
-from collections.abc import Callable
 
 from labkit import compat
 
@@ -27,6 +26,11 @@ _JITFunction, _knobs, _HookChain = compat.triton_launch() or (None, None, None)
 
 ENABLED = os.environ.get("LABKIT_FAST_LAUNCH", "1") != "0"
 MAX_ENTRIES = 4096  # compiled launches remembered per kernel (emptied past that)
+
+
+def _int_spec(a: int) -> tuple:
+    """An integer's divisibility by 16, being 1, and its width (i32, i64, u64)."""
+    return a % 16 == 0, a == 1, -2**31 <= a < 2**31, a >= 2**63
 
 
 def spec(a: object) -> object:
@@ -39,7 +43,7 @@ def spec(a: object) -> object:
     if a is None or isinstance(a, (bool, float)):
         return type(a)
     if isinstance(a, int):
-        return a % 16 == 0, a == 1, -2**31 <= a < 2**31, a >= 2**63
+        return _int_spec(a)
     if isinstance(a, tuple):  # Triton specialises each element
         return type(a), tuple(spec(x) for x in a)
     base = getattr(a, "base", None)
@@ -51,10 +55,6 @@ def spec(a: object) -> object:
         return type(a), a
     except TypeError:
         return object()
-
-
-def _int_spec(a: int) -> tuple:
-    return a % 16 == 0, a == 1, -2**31 <= a < 2**31, a >= 2**63
 
 
 def binder(kinds: tuple[type, ...]) -> Callable[[tuple], tuple[tuple, tuple]]:

@@ -288,12 +288,14 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     M, N = x2.shape
     device = x.device
     y = torch.empty((M, N), dtype=x.dtype, device=device)
-    mean = torch.empty(M, dtype=torch.float32, device=device) if stats else None
-    rstd = torch.empty(M, dtype=torch.float32, device=device) if stats else None
+    mean = rstd = None
+    if stats:
+        mean = torch.empty(M, dtype=torch.float32, device=device)
+        rstd = torch.empty(M, dtype=torch.float32, device=device)
     if M and N:
         grid, tiles, meta = _fwd_launch(M, N, x.dtype, device, stats)
-        _fwd.launch(grid, (x2, weight, bias, y, mean if stats else y, rstd if stats else y, M, N, x2.stride(0), N,
-                           eps, tiles), meta)
+        stat_ptrs = (mean, rstd) if stats else (y, y)  # (unwritten without STATS: any pointer will do)
+        _fwd.launch(grid, (x2, weight, bias, y, *stat_ptrs, M, N, x2.stride(0), N, eps, tiles), meta)
     return (y if x.dim() == 2 else y.view(x.shape)), mean, rstd
 
 
