@@ -293,9 +293,11 @@ def sync(device: torch.device | str) -> None:
 @contextlib.contextmanager
 def threads(n: int | None) -> Iterator[None]:
     """torch's CPU threads set to `n` inside the block (left as they are for None), restored after."""
+    if n is None:
+        yield
+        return
     saved = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
+    torch.set_num_threads(n)
     try:
         yield
     finally:

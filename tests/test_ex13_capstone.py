@@ -41,6 +41,7 @@ def append(notebook: dict, code: str) -> dict:
 
 
 SOLUTION = json.loads((SOLUTIONS / f"{NB}.ipynb").read_text())
+EXERCISE = json.loads((EXERCISES / f"{NB}.ipynb").read_text())
 CHEATS = {
     # every other step runs the forward only: no backward, no update
     "skipper": edit(SOLUTION, "        loss.backward()\n        self.opt.step()\n",
@@ -61,6 +62,23 @@ CHEATS = {
     "slower": append(SOLUTION, "import time as _t\nfrom labkit.exercises import ex13_capstone as _ex13\n"
                                "_step = _ex13.BaselineTrainer.step\n\n\ndef _slow(self):\n    _t.sleep(0.02)\n"
                                "    _step(self)\n\n\n_ex13.BaselineTrainer.step = _slow\n"),
+    # the untouched baseline, with two processes forked through libc (no audit event) that burn the cores whenever
+    # its own loop is not running: they slowed the grader's baseline when it ran in the student's process (2 of 4
+    # points, 1.78x, on this 2-core machine), and are stopped with every other process of the student's now
+    "forker": append(EXERCISE, "import ctypes as _ct, mmap as _mm, time as _time\n"
+                               "_flag = _mm.mmap(-1, 1)\n_make = make_trainer\n\n\n"
+                               "class _Wrap:\n    def __init__(self, t):\n        self.t, self.model = t, t.model\n\n"
+                               "    def step(self):\n        self.t.step()\n\n    def losses(self):\n"
+                               "        _flag[0] = 0\n        return self.t.losses()\n\n\n"
+                               "def make_trainer(run, corpus, device):\n    _flag[0] = 1\n"
+                               "    return _Wrap(_make(run, corpus, device))\n\n\n"
+                               "for _ in range(2):\n    if _ct.CDLL(None).fork() == 0:\n        while True:\n"
+                               "            if _flag[0]:\n                _time.sleep(0.0005)\n"
+                               "            else:\n                sum(range(100000))\n"),
+    # writes a reply of its own on the pipe where the grader reads each round's result
+    "scribbler": append(SOLUTION, "import json as _json, os as _os, sys as _sys\n"
+                                  "_fd = _json.load(open(_os.path.join(_sys.argv[1], 'job.json')))['reply_fd']\n"
+                                  "_os.write(_fd, (64).to_bytes(8, 'little') + b'\\xff' * 64)\n"),
     # notebook 13's answer, imported
     "importer": append(SOLUTION, "from labkit.capstone import Trainer, variant\n\n\n"
                                  "def make_trainer(run, corpus, device):\n"
@@ -82,7 +100,7 @@ def test_scores_follow_the_thresholds_and_a_wrong_round_scores_zero():
            "seconds": [1.0] * 4, "baseline seconds": [1.0] * 4}
     slowest_base = ex13.BASELINE_SLACK * exp["measured"]["baseline seconds"]
     got["baseline seconds"] = [min(1.0, slowest_base)] * 4
-    for speedup, points in ((1.0, 0), (1.2, 1), (1.4, 2), (1.9, 3), (10.0, 4), (0.5, 0)):  # (none on an edge)
+    for speedup, points in ((1.0, 0), (1.3, 1), (1.9, 2), (2.5, 3), (10.0, 4), (0.5, 0)):  # (none on an edge)
         frac, notes, details = ex13.score_capstone(exp, dict(got, seconds=[got["baseline seconds"][0] / speedup] * 4))
         assert frac * ex13.MAX_POINTS == points, notes
         assert details["speedup"] == pytest.approx(speedup)
@@ -120,7 +138,8 @@ def test_a_baseline_slowed_down_in_the_students_process_does_not_inflate_the_spe
     t = exp["measured"]["baseline seconds"]
     _, notes, details = ex13.score_capstone(exp, {"rounds": rounds, "seconds": [t] * 4,
                                                   "baseline seconds": [100 * t] * 4})
-    assert details["speedup"] == pytest.approx(ex13.BASELINE_SLACK) and "slower in your notebook" in notes[0]
+    assert details["speedup"] == pytest.approx(ex13.BASELINE_SLACK)
+    assert "slower while your notebook was timed" in notes[0]
 
 
 def test_identical_work_gets_identical_points_in_noisy_gradings_and_the_stub_none():
@@ -147,7 +166,7 @@ def test_identical_work_gets_identical_points_in_noisy_gradings_and_the_stub_non
                                                          "baseline seconds": [b for b, _ in pairs]})
         return frac * ex13.MAX_POINTS, details
 
-    for true, points in ((1.0, 0), (1.45, 2), (1.93, 3)):
+    for true, points in ((1.0, 0), (1.45, 1), (2.0, 2)):
         got = {graded(true, seed)[0] for seed in range(20)}
         assert got == {points}, (true, got)
     _, details = graded(1.45, 0)
@@ -171,7 +190,7 @@ def test_rounds_stopped_early_or_run_past_the_budget_earn_nothing_extra():
 def graded(tmp_path_factory, grader_sandbox_flags):
     base = tmp_path_factory.mktemp("capstone")
     subs, out = base / "subs", base / "out"
-    notebooks = {"solution": SOLUTION, "exercise": json.loads((EXERCISES / f"{NB}.ipynb").read_text()), **CHEATS}
+    notebooks = {"solution": SOLUTION, "exercise": EXERCISE, **CHEATS}
     for student, content in notebooks.items():
         (subs / student).mkdir(parents=True)
         (subs / student / f"{NB}.ipynb").write_text(json.dumps(content))
@@ -218,12 +237,13 @@ def test_the_solution_and_the_released_baseline_score_the_points_of_the_speed_up
 def test_points_for_reported_applies_the_thresholds():
     assert points_for_reported("1.19") == {1.0} and points_for_reported("0.69") == {0.0}
     assert points_for_reported("1.01") == {0.0} and points_for_reported("9.5") == {4.0}
-    assert points_for_reported("1.25") == {1.0, 2.0}  # on a threshold, as printed: either side
+    assert points_for_reported("1.75") == {1.0, 2.0}  # on a threshold, as printed: either side
 
 
-@pytest.mark.parametrize("student, why", [("skipper", "loss"), ("freezer", "not trained from this start"),
+@pytest.mark.parametrize("student, why", [("skipper", "loss"), ("freezer", "must train the same model"),
                                           ("cacher", "fresh seed"), ("slower", "rebound the grader's"),
-                                          ("importer", "asks you to write")])
+                                          ("importer", "asks you to write"), ("forker", "earns 0 of 4 points"),
+                                          ("scribbler", "only the grader replies there")])
 def test_skipping_work_caching_and_importing_the_answer_score_zero(graded, student, why):
     rows, feedback, _, _ = graded
     assert rows[student]["make_trainer"] == "0", feedback[student]
@@ -235,7 +255,7 @@ def test_the_leaderboard_ranks_by_speedup_and_lists_wrong_results_last(graded):
     assert [r["student"] for r in leaderboard][:2] and {r["student"] for r in leaderboard} == set(rows) - {
         "someone_else"}
     ranked = [r for r in leaderboard if r["rank"]]
-    assert {r["student"] for r in ranked} == {"solution", "exercise"}
+    assert {r["student"] for r in ranked} == {"solution", "exercise", "forker"}  # the right model, however slow
     assert [float(r["speedup"]) for r in ranked] == sorted((float(r["speedup"]) for r in ranked), reverse=True)
     assert all(float(r["tokens_per_s"]) > 0 and 1 < float(r["loss"]) < 5 for r in ranked)
     assert {r["points"] for r in ranked} == {rows[r["student"]]["make_trainer"] for r in ranked}

@@ -36,7 +36,7 @@ def test_the_interval_is_the_sign_tests():
         speed.median_interval([])
 
 
-@pytest.mark.parametrize("true", [1.0, 1.45, 1.93, 2.6])
+@pytest.mark.parametrize("true", [1.0, 1.45, 2.0, 2.6])
 def test_the_same_work_gets_the_same_points_in_every_noisy_grading(true):
     """Speed-ups more than ~10% from every threshold (this noise's reach over 5-15 rounds)."""
     points = Counter(grade(true, seed).points for seed in range(150))
@@ -48,7 +48,7 @@ def test_the_same_timings_always_give_the_same_verdict():
 
 
 def test_a_speedup_on_a_threshold_is_measured_longer_and_then_its_lower_bound_counts():
-    near = [grade(1.25, seed) for seed in range(60)]
+    near = [grade(1.75, seed) for seed in range(60)]
     far = [grade(1.45, seed) for seed in range(60)]
     assert sum(v.rounds for v in near) > 1.5 * sum(v.rounds for v in far)
     assert any(v.rounds == MAX_ROUNDS for v in near) and all(v.rounds >= ROUNDS for v in near + far)

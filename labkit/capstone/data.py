@@ -1,6 +1,7 @@
 """The corpus: English-like sentences and sums, generated from a seed (no download), one token per character."""
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
@@ -57,12 +58,18 @@ class Corpus:
         return "".join(self.chars[int(i)] for i in ids)
 
 
+@functools.cache
+def _table_chars() -> frozenset[str]:
+    """The characters of a long generated text: every character the generator makes (computed once)."""
+    return frozenset(make_text(200_000, 12345))
+
+
 def make_corpus(windows: int, seq: int, seed: int = 0) -> Corpus:
     """A corpus of exactly `windows` windows of `seq` tokens (plus one), character-level."""
     if windows < 1 or seq < 1:
         raise ValueError(f"make_corpus: windows and seq must be >= 1, got {windows}, {seq}")
     text = make_text(windows * seq + 1, seed)
-    chars = "".join(sorted(set(make_text(200_000, 12345) + text)))  # one table for every size
+    chars = "".join(sorted(_table_chars() | set(text)))  # one table for every size
     lookup = {c: i for i, c in enumerate(chars)}
     tokens = torch.tensor([lookup[c] for c in text], dtype=torch.int64)
     return Corpus(tokens, chars, seq)

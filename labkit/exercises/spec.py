@@ -22,6 +22,27 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class Rounds:
+    """A speed graded in paired rounds that the grader times from outside: each round runs the student's function
+    in the grading child and `baseline` in a clean process of its own, on the same fresh inputs.
+
+    `plan(case_args)` -> (thresholds, least timed rounds, most timed rounds); `for_round(case_args, i)` -> what
+    round i needs (plain data: its seed, never the later rounds'); `run(make, round_args)` -> the round's
+    observation (plain data), all of it timed; `after(make, case_args)`, when given, runs once after the rounds,
+    untimed, in the student's process (e.g. counting what a call does); `result(case_args, observations, seconds,
+    baseline seconds, after's observation)` -> what the function's `score` reads (round 0, the warm-up, first in
+    each list).
+    """
+
+    plan: Callable[[dict], tuple[tuple, int, int]]
+    for_round: Callable[[dict, int], dict]
+    run: Callable[[Callable, dict], Any]
+    baseline: Callable
+    result: Callable[[dict, list, list[float], list[float], Any], Any]
+    after: Callable[[Callable, dict], Any] | None = None
+
+
+@dataclass(frozen=True)
 class Function:
     """One graded function of an exercise notebook.
 
@@ -46,3 +67,4 @@ class Function:
     answers: tuple[str, ...] = ()  # dotted names of labkit objects that are this function's answer
     min_timeout_s: float = 0.0  # its calls get at least this long, whatever --exercise-timeout (e.g. compiling)
     timed: bool = False  # its grade rests on time measured while grading: one worker per GPU, or per 2 CPU cores
+    rounds: Rounds | None = None  # the grader times it from outside, against a baseline in a clean process

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from labkit.exercises import integrity
-from labkit.grading import answers, seal
+from labkit.grading import answers, rounds, seal
 from labkit.grading.guard import install_guard
 
 
@@ -106,10 +106,53 @@ def _grade_function(ns: dict, name: str, call: Callable, todo: list[dict], timeo
     return out
 
 
+def _serve_rounds(ns: dict, name: str, spec, timeout: float, describe, requests: Callable[[], bytes],
+                  reply: Callable[[dict], None]) -> None:
+    """Serve the parent's timed rounds of `name` (labkit.grading.rounds) under one alarm: each request runs the
+    student's function once, and the reply is the round's observation, or why there is none."""
+    fn = ns.get(name)
+    try:
+        _set_alarm(timeout)
+
+        try:
+            integrity.check(f"before {name} was graded")
+            broken = None
+        except ExerciseTimeout:
+            raise
+        except BaseException as exc:
+            broken = describe(exc, timeout)
+
+        def handle(req: dict) -> dict:
+            if broken is not None:
+                return {"error": broken}
+            if not callable(fn):
+                return {"error": (f"{name} is not defined in the notebook (was it renamed, or did its cell fail?)"
+                                  if fn is None else f"{name} is not a function (it is a {type(fn).__name__})")}
+            try:
+                if req["kind"] == "check":  # untimed, after each round
+                    integrity.check(f"after a round of {name}")
+                    return {"checked": True}
+                with answers.grading(name):
+                    if req["kind"] == "after":  # untimed, once the rounds are over
+                        return {"obs": spec.after(fn, req["args"])}
+                    return {"obs": spec.run(fn, req["args"])}
+            except ExerciseTimeout:
+                raise
+            except BaseException as exc:
+                return {"error": describe(exc, timeout)}
+
+        rounds.serve(lambda: json.loads(requests()), handle, reply)
+        _set_alarm(0)
+    except ExerciseTimeout:
+        _set_alarm(0)
+        reply({"round": -1, "timeout": True})
+
+
 def main(in_dir: str, out_dir: str) -> None:
     key, pipe = seal.read_key(keep=True)
-    read = os.read  # bound before student code runs
+    read, write = os.read, os.write  # bound before student code runs
     job = json.loads((Path(in_dir) / "job.json").read_text())
+    reply_fd = job.get("reply_fd")  # the pipe of the parent's timed rounds (labkit.grading.rounds)
     if job.get("cpus"):  # this worker's own cores, before torch starts its threads
         os.sched_setaffinity(0, job["cpus"])
     out = Path(out_dir)
@@ -188,6 +231,12 @@ def main(in_dir: str, out_dir: str) -> None:
             emit(ev="fn_start", nb=nb["name"], fn=name)
             todo = cases.get(name, [])
             limit = max(job["exercise_timeout"], fns[name].min_timeout_s)
+            if fns[name].rounds is not None and reply_fd is not None:  # timed by the parent, from outside
+                emit(ev="rounds", nb=nb["name"], fn=name)
+                _serve_rounds(ns, name, fns[name].rounds, limit, describe, lambda: seal.read_frame(pipe, read),
+                              lambda r: rounds.write_all(reply_fd, rounds.encode_reply(r, save), write))
+                emit(ev="fn_done", nb=nb["name"], fn=name)
+                continue
             results = _grade_function(ns, name, callers[name], todo, limit, describe, fns[name].timed)
             try:
                 mac = seal.write(key, out_dir, name, {"cases": results}, save, replace)

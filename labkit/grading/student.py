@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labkit.grading import safeio, seal, supervise
+from labkit.grading import rounds, safeio, seal, supervise
 from labkit.grading.judge import NEEDS_GPU, Outcome, judge, load_results
 from labkit.grading.report import StudentReport
 from labkit.grading.specs import FnSpec
@@ -101,32 +101,42 @@ def _plan(ctx: Context, report: StudentReport, paths: list[Path]) -> list[dict]:
 
 def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device: str, report: StudentReport,
                    cpus: list[int] | None = None, tag: str = "",
-                   labkit_copy: Path | None = None) -> tuple[dict[str, tuple], dict[str, str]]:
+                   labkit_copy: Path | None = None) -> tuple[dict[str, tuple | list], dict[str, str]]:
     """Run the notebooks in a child (pinned to `cpus`, seeing `labkit_copy` as labkit), again after a death for
-    what is left; ((results file, key, seal) per function, why some have none)."""
+    what is left; ((results file, key, seal) per function, or its results where the parent timed its rounds; why
+    some have none)."""
     by_name = {s.name: s for specs in ctx.specs.values() for s in specs}
-    results: dict[str, tuple] = {}
+    results: dict[str, tuple | list] = {}
     died: dict[str, str] = {}  # function -> why it has no result
     remaining, launch = [j for j in jobs if j["functions"]], 0
     while remaining:
         launch += 1
         run = work / f"run-{tag}{launch}"
+        forbidden, allowed = ctx.forbidden + [str(ctx.workroot)], [str(work)]
+        served = {fn: by_name[fn] for j in remaining for fn in j["functions"] if by_name[fn].fn.rounds is not None}
+        driver = rounds.Driver(served, device, _baseline_env(ctx, work, env), cpus,
+                               lambda fn: max(ctx.exercise_timeout, by_name[fn].fn.min_timeout_s),
+                               run / "baseline-log.txt", (forbidden, allowed)) if served else None
         job = {"notebooks": remaining, "device": device, "cell_timeout": ctx.exercise_timeout,
                "exercise_timeout": ctx.exercise_timeout, "memory_mb": ctx.limits.memory_mb,
                "rlimit_as": device == "cpu", "threads": ctx.limits.threads, "cpus": cpus,
-               "forbidden": ctx.forbidden + [str(ctx.workroot)], "allowed": [str(work)]}
-        cases = {fn: ([{"args": {}}] if by_name[fn].fn.stage else [{"args": c["args"]} for c in by_name[fn].cases])
+               "forbidden": forbidden, "allowed": allowed, "reply_fd": driver.write_fd if driver else None}
+        cases = {fn: ([{"args": {}}] if by_name[fn].fn.stage or fn in served  # the parent keeps a timed one's inputs
+                      else [{"args": c["args"]} for c in by_name[fn].cases])
                  for j in remaining for fn in j["functions"]}
         _write_job(run / "in", job)
         key = seal.new_key()
         events, killed, rc = supervise.launch(ctx.box, "labkit.grading.child", run, work, env, ctx.limits,
                                               120 + ctx.timeout * len(remaining), ctx.timeout, key, labkit_copy,
-                                              _frames(cases, remaining))
+                                              _frames(cases, remaining), driver)
         names = {j["name"] for j in remaining}
         events = [ev for ev in events if ev.get("nb") in names]  # the child's word, about what it was given only
         asked = {fn for j in remaining for fn in j["functions"]}
         results.update({ev["fn"]: (run / "out" / f"{ev['fn']}.pt", key, ev.get("seal")) for ev in events
-                        if ev.get("ev") == "fn_done" and ev.get("fn") in asked})
+                        if ev.get("ev") == "fn_done" and ev.get("fn") in asked and ev["fn"] not in served})
+        if driver is not None:
+            results.update({fn: got for fn, got in driver.results.items() if len(got) == len(served[fn].cases)})
+            report.incidents += driver.incidents
         done = {ev.get("nb") for ev in events if ev.get("ev") == "nb_done"}
         started = [ev.get("nb") for ev in events if ev.get("ev") == "nb_start"]
         for ev in events:
@@ -166,6 +176,15 @@ def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device
             remaining = after
         report.incidents.append(f"{current}: {why}{where}")
     return results, died
+
+
+def _baseline_env(ctx: Context, work: Path, env: dict) -> dict:
+    """The environment of the baseline's clean process (labkit.grading.baseline): the child's, with its caches in
+    a folder of the parent's (it runs outside the sandbox; no student code runs in it)."""
+    scratch = work / "baseline"
+    for sub in ("home", "tmp", "cache", "triton", "ext"):
+        (scratch / sub).mkdir(parents=True, exist_ok=True)
+    return supervise.child_env(ctx.limits, scratch, env.get("LABKIT_DEVICE", "cpu"), env.get("CUDA_VISIBLE_DEVICES"))
 
 
 def _by_answers(ctx: Context, jobs: list[dict]) -> list[tuple[dict[str, str], list[dict]]]:
@@ -262,7 +281,9 @@ def _grade_jobs(ctx: Context, work: Path, jobs: list[dict], report: StudentRepor
     for nb in jobs:
         for fn in nb["functions"]:
             spec = next(s for s in ctx.specs[nb["name"]] if s.name == fn)
-            results, problem = load_results(*files[fn]) if fn in files else (None, None)
+            got = files.get(fn)
+            results, problem = ((got, None) if isinstance(got, list)  # timed by the parent (grading.rounds)
+                                else load_results(*got) if got is not None else (None, None))
             if results is None:
                 report.outcomes[fn] = judge(spec, None, problem or died.get(fn))
             elif spec.fn.stage is not None:

@@ -117,7 +117,7 @@ def _over_limits(proc, out_dir: Path, log_fd: int, limits: Limits, ticks: int) -
 
 def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, budget: float,
            nb_timeout: float | None, key: str, labkit_copy: Path | None = None,
-           feed: dict[str, bytes] | None = None) -> tuple[list[dict], str | None, int | None]:
+           feed: dict[str, bytes] | None = None, rounds=None) -> tuple[list[dict], str | None, int | None]:
     """Run `python -m module IN OUT` in `box` under the limits; (its events, why it was killed, exit code).
 
     run/in is the job (written by the parent), run/out the only host folder the process can write,
@@ -125,6 +125,7 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
     goes to the process on stdin (labkit.grading.seal). `labkit_copy`: the labkit it sees (grading.strip).
     `feed`: notebook -> its hidden cases (torch.save bytes), sent on stdin once, only when the process asks for
     them (a `cases` event, after the notebook's cells ran): they are never a file in the sandbox.
+    `rounds`: a labkit.grading.rounds.Driver, which times the rounds the process serves (its `rounds` events).
     """
     out_dir = run / "out"
     out_dir.mkdir(parents=True)
@@ -134,7 +135,10 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
     argv, cwd = box.command(module, run / "in", out_dir, env, work, labkit_copy)
     with open(run / "log.txt", "xb") as logf:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=logf,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                pass_fds=() if rounds is None else (rounds.write_fd,))
+        if rounds is not None:
+            rounds.started()
         try:
             proc.stdin.write(key.encode() + b"\n")
             proc.stdin.flush()
@@ -153,6 +157,8 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
             if any(ev.get("ev") == "nb_start" for ev in new):
                 nb_started = now
             for ev in new:
+                if rounds is not None:
+                    rounds.on_event(ev, proc)
                 if feed and ev.get("ev") == "cases" and ev.get("nb") in feed and ev["nb"] not in sent:
                     sent.add(ev["nb"])
                     threading.Thread(target=_send, args=(proc.stdin, seal.frame(feed[ev["nb"]])), daemon=True).start()
@@ -172,6 +178,8 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
         except (ProcessLookupError, PermissionError):
             pass
         rc = box.exit_code(proc.wait())
+        if rounds is not None:  # its pipe has ended: a round in progress stops now
+            rounds.finish()
         try:
             proc.stdin.close()
         except (OSError, ValueError):

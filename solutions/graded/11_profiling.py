@@ -1,7 +1,7 @@
 """Graded cases for 11_profiling: other model sizes, hyperparameters and seeds (fresh inputs for every timed call)."""
 import torch
 
-from labkit.exercises.ex11_profiling import MAX_RUNS, describe, fast_train_case
+from labkit.exercises.ex11_profiling import MAX_RUNS, describe, fast_train_case, for_device
 
 
 def fast_train_cases(g: torch.Generator, gpu: bool) -> list[dict]:
@@ -12,6 +12,7 @@ def fast_train_cases(g: torch.Generator, gpu: bool) -> list[dict]:
               {"lr": 0.08, "momentum": 0.85, "max_norm": 0.8})]
     cases = []
     for sizes, hyper in plans:
+        sizes = for_device(sizes, dev)
         seeds = torch.randint(0, 2**31 - 1, (MAX_RUNS,), generator=g).tolist()
         cases.append(fast_train_case(describe(sizes, hyper, dev), sizes, hyper, seeds, dev))
     return cases

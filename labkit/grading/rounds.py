@@ -1,0 +1,300 @@
+"""Speed graded in rounds the parent times from outside (labkit.exercises.spec.Rounds).
+
+For a function with `rounds`, the grading child runs no timer and no baseline. It serves rounds: each request
+(a frame on its stdin: the round's number and inputs) runs the student's code once, and the reply (a frame on a
+pipe of its own: the round's observation as plain data) ends it. labkit's baseline serves the same requests in a
+clean process of its own (labkit.grading.baseline), where no student code ever runs. The parent (Driver, in the
+watchdog's process) pairs the two on the same inputs, the order alternating, and times each round on its own clock,
+from sending the request to holding the whole reply. Between its rounds every process of the student's is stopped
+(SIGSTOP): nothing of theirs runs while the baseline is timed, and work left running past a reply waits for, and
+is timed in, their next round. A reply counts only when its observation is right (the function's `score` checks it
+against the parent's own baseline run), so a reply sent early must already hold the round's result.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from labkit import proctree
+from labkit.exercises import speed
+
+MAX_REPLY_BYTES = 64 * 2**20
+BASELINE_START_S = 600.0  # the baseline process's start (importing torch, a CUDA context) and one round, at most
+
+
+class Stopped(Exception):
+    """A round that did not give an observation: the function's result says why."""
+
+    def __init__(self, result: dict):
+        super().__init__(str(result))
+        self.result = result
+
+
+# -- the protocol: requests are JSON frames, replies torch.save frames (read with weights_only) --------------------
+
+def frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(8, "little") + payload
+
+
+def encode_reply(reply: dict, save: Callable = None) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    (save or torch.save)(reply, buf)
+    return frame(buf.getvalue())
+
+
+def write_all(fd: int, data: bytes, write: Callable = os.write) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[write(fd, view):]
+
+
+def serve(read_request: Callable[[], dict], handle: Callable[[dict], dict], reply: Callable[[dict], None]) -> None:
+    """Answer requests until {"end": true}: each {"round": i, "kind": k, ...} gets handle(request) as its reply
+    (with the same "round" and "kind"). Kinds: "round" (run round i on "args", timed), "check" (untimed: is what
+    judges intact?), "after" (untimed, once the rounds are over)."""
+    while True:
+        req = read_request()
+        if req.get("end"):
+            return
+        t0 = time.perf_counter()
+        out = handle(req)
+        # served_s: the server's own figure, never used for a grade (the parent's clock is): what the round trip adds
+        reply({**out, "round": req["round"], "kind": req["kind"], "served_s": time.perf_counter() - t0})
+
+
+def _read_exactly(fd: int, n: int, deadline: float) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError
+        chunk = os.read(fd, min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return buf
+
+
+def read_reply(fd: int, deadline: float) -> dict:
+    """One reply frame from `fd` before `deadline` (time.monotonic): TimeoutError, EOFError (the process is gone),
+    ValueError (not a reply the protocol allows)."""
+    import torch
+
+    size = int.from_bytes(_read_exactly(fd, 8, deadline), "little")
+    if size > MAX_REPLY_BYTES:
+        raise ValueError(f"a reply of {size} bytes (at most {MAX_REPLY_BYTES // 2**20} MB)")
+    try:
+        reply = torch.load(io.BytesIO(_read_exactly(fd, size, deadline)), weights_only=True, map_location="cpu")
+    except (TimeoutError, EOFError):
+        raise
+    except Exception as exc:
+        raise ValueError(f"a reply that could not be read ({type(exc).__name__})") from None
+    if not isinstance(reply, dict) or not isinstance(reply.get("round"), int):
+        raise ValueError("a reply that is not one")
+    return reply
+
+
+# -- the parent's side ---------------------------------------------------------------------------------------------
+
+def processes(root: int) -> list[int]:
+    return [root, *proctree.below(root)]
+
+
+def signal_tree(root: int, sig: int) -> None:
+    """`sig` to `root` and every process below it, again until no new one appears (one may fork meanwhile)."""
+    done: set[int] = set()
+    for _ in range(20):
+        todo = [p for p in processes(root) if p not in done]
+        if not todo:
+            return
+        for pid in todo:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            done.add(pid)
+
+
+class Side:
+    """One process that serves rounds: requests written to `requests`, replies read from `replies`."""
+
+    def __init__(self, requests, replies: int):
+        self.requests, self.replies = requests, replies
+
+    def timed(self, req: dict, limit_s: float) -> tuple[float, dict]:
+        """(seconds from sending `req` to holding its whole reply, the reply); replies to earlier requests (sent
+        twice) are passed over."""
+        data = frame(json.dumps(req).encode())
+        t0 = time.perf_counter()
+        self.requests.write(data)
+        self.requests.flush()
+        deadline = time.monotonic() + limit_s
+        while True:
+            reply = read_reply(self.replies, deadline)
+            if reply.get("timeout") or (reply["round"], reply.get("kind")) == (req["round"], req["kind"]):
+                return time.perf_counter() - t0, reply
+            if reply["round"] > req["round"]:
+                raise ValueError(f"a reply for round {reply['round']} to the request for round {req['round']}")
+
+    def end(self) -> None:
+        try:
+            self.requests.write(frame(json.dumps({"end": True}).encode()))
+            self.requests.flush()
+        except (OSError, ValueError):
+            pass
+
+
+class Baseline:
+    """labkit's baseline for one function, in a clean process of its own (python -m labkit.grading.baseline), on
+    the student's cores and GPU: no student code ever runs in it."""
+
+    def __init__(self, function: str, device: str, env: dict, cpus: list[int] | None, log: Path,
+                 guard: tuple[list[str], list[str]] | None = None):
+        r, w = os.pipe()
+        job = json.dumps({"function": function, "device": device, "cpus": cpus, "reply_fd": w, "guard": guard})
+        with open(log, "ab") as logf:
+            self.proc = subprocess.Popen([sys.executable, "-m", "labkit.grading.baseline", job], env=env,
+                                         stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT,
+                                         pass_fds=(w,), start_new_session=True)
+        os.close(w)
+        self.side = Side(self.proc.stdin, r)
+        self._r = r
+
+    def close(self) -> None:
+        self.side.end()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for f in (self.proc.stdin,):
+            try:
+                f.close()
+            except (OSError, ValueError):
+                pass
+        os.close(self._r)
+
+
+class Driver:
+    """The paired rounds of every `rounds` function a grading child serves: started by its `rounds` event, run in a
+    thread of the watchdog's process; `results[function]` holds one result per case ({"obs": ...} or why none)."""
+
+    def __init__(self, specs: dict, device: str, env: dict, cpus: list[int] | None, limit_s: Callable[[str], float],
+                 log: Path, guard: tuple[list[str], list[str]] | None = None):
+        self.specs, self.device, self.env, self.cpus, self.limit_s, self.log = specs, device, env, cpus, limit_s, log
+        self.guard = guard  # the child's audit hook (forbidden, allowed), installed in the baseline's process too
+        self.results: dict[str, list[dict]] = {}
+        self.incidents: list[str] = []
+        self._threads: list[threading.Thread] = []
+        self.read_fd, self.write_fd = os.pipe()  # the child's replies; write_fd goes to it (pass_fds)
+
+    def started(self) -> None:
+        """Call once the child has started: the parent keeps no copy of the child's end (EOF when it is gone)."""
+        if self.write_fd is not None:
+            os.close(self.write_fd)
+            self.write_fd = None
+
+    def on_event(self, ev: dict, proc: subprocess.Popen) -> None:
+        fn = ev.get("fn")
+        if ev.get("ev") == "rounds" and fn in self.specs and fn not in self.results:
+            self.results[fn] = []
+            t = threading.Thread(target=self._drive, args=(fn, proc), daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def finish(self, timeout: float = 60.0) -> None:
+        for t in self._threads:
+            t.join(timeout)
+        os.close(self.read_fd)
+        if self.write_fd is not None:
+            os.close(self.write_fd)
+
+    def _drive(self, fn: str, proc: subprocess.Popen) -> None:
+        spec, limit = self.specs[fn], self.limit_s(fn)
+        rounds = spec.fn.rounds
+        child = Side(proc.stdin, self.read_fd)
+        signal_tree(proc.pid, signal.SIGSTOP)  # from here on the student's code runs only in its own rounds
+        base = None
+        try:
+            base = Baseline(fn, self.device, self.env, self.cpus, self.log, self.guard)
+            for case in spec.cases:
+                self.results[fn].append(self._case(rounds, case["args"], child, base, proc, limit))
+        except Exception as exc:  # the grader's own failure (its baseline process): said, and no points lost silently
+            self.incidents.append(f"{fn}: the grader's baseline could not be timed ({type(exc).__name__}: {exc})")
+            self.results[fn] += [{"error": "not graded: the grader's baseline process failed (see the grader's "
+                                           "incidents)"}] * (len(spec.cases) - len(self.results[fn]))
+        finally:
+            child.end()
+            signal_tree(proc.pid, signal.SIGCONT)
+            if base is not None:
+                base.close()
+
+    def _case(self, rounds, args: dict, child: Side, base: Baseline, proc: subprocess.Popen, limit: float) -> dict:
+        thresholds, least, most = rounds.plan(args)
+        obs: list = []
+        mine_s: list[float] = []
+        base_s: list[float] = []
+        t_end = time.monotonic() + limit  # the student's rounds together, as the function's time limit
+
+        def pair(i: int, base_first: bool) -> tuple[float, float]:
+            req = {"round": i, "kind": "round", "args": rounds.for_round(args, i)}
+            for who in ("base", "mine") if base_first else ("mine", "base"):
+                if who == "base":
+                    seconds, reply = base.side.timed(req, BASELINE_START_S)
+                    if "obs" not in reply:
+                        raise RuntimeError(f"the baseline's round {i} failed: {str(reply.get('error'))[:300]}")
+                    base_s.append(seconds)
+                    continue
+                signal_tree(proc.pid, signal.SIGCONT)
+                try:
+                    seconds, reply = child.timed(req, max(t_end - time.monotonic(), 0.0) + 5.0)
+                    if "obs" in reply:  # then, untimed, the child's own check that nothing judging it was changed
+                        _, checked = child.timed({"round": i, "kind": "check"}, max(t_end - time.monotonic(), 0) + 5)
+                        reply = reply if checked.get("checked") else checked
+                except TimeoutError:
+                    raise Stopped({"timeout": True}) from None
+                except EOFError:
+                    raise Stopped({"error": f"the grading process ended during round {i}"}) from None
+                except ValueError as exc:
+                    raise Stopped({"error": f"round {i}: its process sent {exc}: only the grader replies there"}) \
+                        from None
+                finally:
+                    signal_tree(proc.pid, signal.SIGSTOP)
+                if reply.get("timeout"):
+                    raise Stopped({"timeout": True})
+                if "obs" not in reply:
+                    raise Stopped({"error": str(reply.get("error") or "no result")[:400]})
+                obs.append(reply["obs"])
+                mine_s.append(seconds)
+            return base_s[-1], mine_s[-1]
+
+        try:
+            speed.paired_rounds(pair, thresholds, least, most)
+            after = None
+            if rounds.after is not None:  # untimed, in the student's process, once the rounds are over
+                signal_tree(proc.pid, signal.SIGCONT)
+                try:
+                    _, reply = child.timed({"round": len(obs), "kind": "after", "args": args},
+                                           max(t_end - time.monotonic(), 0.0) + 5.0)
+                except (TimeoutError, EOFError, ValueError) as exc:
+                    raise Stopped({"error": f"after its rounds: {type(exc).__name__} {exc}"[:400]}) from None
+                finally:
+                    signal_tree(proc.pid, signal.SIGSTOP)
+                if "obs" not in reply:
+                    raise Stopped({"timeout": True} if reply.get("timeout") else
+                                  {"error": str(reply.get("error") or "no result")[:400]})
+                after = reply["obs"]
+        except Stopped as stop:
+            return stop.result
+        return {"obs": rounds.result(args, obs, mine_s, base_s, after)}

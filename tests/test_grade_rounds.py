@@ -1,0 +1,134 @@
+"""labkit.grading.rounds: the parent times rounds on its own clock, reads only replies the protocol allows, passes
+over a reply sent twice, and stops every process of the student's between its rounds."""
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from labkit.grading import rounds
+
+
+def pipe_with(data: bytes) -> int:
+    r, w = os.pipe()
+    os.write(w, data)
+    os.close(w)
+    return r
+
+
+def test_a_reply_is_read_whole_and_anything_else_is_refused():
+    reply = {"round": 3, "obs": {"losses": [1.0, 0.5], "logits": torch.ones(2, 3)}}
+    got = rounds.read_reply(pipe_with(rounds.encode_reply(reply)), time.monotonic() + 5)
+    assert got["round"] == 3 and torch.equal(got["obs"]["logits"], torch.ones(2, 3))
+    with pytest.raises(ValueError, match="at most"):  # a length no reply may have: refused before reading it
+        rounds.read_reply(pipe_with((rounds.MAX_REPLY_BYTES + 1).to_bytes(8, "little")), time.monotonic() + 5)
+    with pytest.raises(ValueError, match="could not be read"):
+        rounds.read_reply(pipe_with(rounds.frame(b"\xff" * 64)), time.monotonic() + 5)
+    buf = io.BytesIO()
+    torch.save(["not", "a", "reply"], buf)
+    with pytest.raises(ValueError, match="not one"):
+        rounds.read_reply(pipe_with(rounds.frame(buf.getvalue())), time.monotonic() + 5)
+    with pytest.raises(EOFError):  # the process died mid-reply
+        rounds.read_reply(pipe_with(rounds.encode_reply(reply)[:20]), time.monotonic() + 5)
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):  # a process that never replies
+        rounds.read_reply(r, time.monotonic() + 0.3)
+    assert 0.25 < time.monotonic() - t0 < 5
+    os.close(w)
+
+
+def test_the_round_is_timed_from_the_request_to_the_whole_reply_and_an_earlier_reply_is_passed_over():
+    """A fake side that replies 0.2 s after each request; a reply to round 0 sent twice (as a student's code could)
+    is passed over, and one for a later round is refused."""
+    server = ("import json, os, sys, time\n"
+              "from labkit.grading import rounds, seal\n"
+              "fd = int(sys.argv[1])\n"
+              "os.write(fd, rounds.encode_reply({'round': 0, 'kind': 'round', 'obs': 'stale'}))\n"
+              "while True:\n"
+              "    req = json.loads(seal.read_frame(0))\n"
+              "    if req.get('end'):\n"
+              "        break\n"
+              "    time.sleep(0.2)\n"
+              "    i = req['round'] + req['args']['skew']\n"
+              "    os.write(fd, rounds.encode_reply({'round': i, 'kind': req['kind'], 'obs': 'fresh'}))\n")
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", server, str(w)], stdin=subprocess.PIPE, pass_fds=(w,))
+    os.close(w)
+    try:
+        side = rounds.Side(proc.stdin, r)
+        seconds, reply = side.timed({"round": 1, "kind": "round", "args": {"skew": 0}}, 30)
+        assert reply == {"round": 1, "kind": "round", "obs": "fresh"} and 0.2 <= seconds < 5  # a fake: no served_s
+        with pytest.raises(ValueError, match="a reply for round 3 to the request for round 2"):
+            side.timed({"round": 2, "kind": "round", "args": {"skew": 1}}, 30)
+        side.end()
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+        os.close(r)
+
+
+def state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_every_process_below_the_student_is_stopped_and_started_again():
+    """What a student starts (here a child in a session of its own, as a burner would be) stops with them."""
+    code = ("import os, subprocess, sys, time\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import os; os.setsid(); print(os.getpid(), flush=True)\\n"
+            "while True: pass'], stdout=subprocess.PIPE, text=True)\n"
+            "print(os.getpid(), p.stdout.readline().strip(), flush=True)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and set(pids) <= {proc.pid, *rounds.processes(proc.pid)}
+        rounds.signal_tree(proc.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        assert {state(p) for p in [proc.pid, *pids]} == {"T"}
+        rounds.signal_tree(proc.pid, signal.SIGCONT)
+        time.sleep(0.2)
+        assert "T" not in {state(p) for p in [proc.pid, *pids]}
+    finally:
+        for pid in rounds.processes(proc.pid)[::-1]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+
+
+def test_the_capstone_baseline_in_its_own_process_serves_the_same_rounds_as_the_students_side():
+    """labkit.grading.baseline runs exercise 13's baseline on the parent's requests: its observation for a seed is
+    the one the in-process BaselineTrainer gives (a CPU repeats bit for bit), and it stops on `end`."""
+    from labkit.exercises import ex13_capstone as ex13
+
+    sizes = {"model": {"seq": 16, "d_model": 32, "heads": 2, "layers": 1}, "batch": 4, "steps": 5, "windows": 16}
+    args = {"sizes": sizes, "device": "cpu", "seed": 7}
+    r, w = os.pipe()
+    job = json.dumps({"function": "make_trainer", "device": "cpu", "cpus": None, "reply_fd": w})
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LABKIT_QUICK": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "labkit.grading.baseline", job], stdin=subprocess.PIPE,
+                            pass_fds=(w,), env=env)
+    os.close(w)
+    try:
+        side = rounds.Side(proc.stdin, r)
+        _, reply = side.timed({"round": 0, "kind": "round", "args": args}, 120)
+        _, checked = side.timed({"round": 0, "kind": "check"}, 120)
+        side.end()
+        assert proc.wait(60) == 0 and checked.items() >= {"round": 0, "kind": "check", "checked": True}.items()
+        assert 0 < checked["served_s"] < 1
+    finally:
+        proc.kill()
+        os.close(r)
+    mine = ex13.run_round(ex13.BaselineTrainer, args)
+    assert reply["obs"]["losses"] == mine["losses"]
+    assert torch.equal(reply["obs"]["logits"]["__tensor__"], mine["logits"]["__tensor__"])
