@@ -178,11 +178,10 @@ class Baseline:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        for f in (self.proc.stdin,):
-            try:
-                f.close()
-            except (OSError, ValueError):
-                pass
+        try:
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
         os.close(self._r)
 
 
