@@ -45,7 +45,7 @@ MAX_ROUNDS = 16  # and at most, while the speed-up's interval straddles a thresh
 # 1.81-1.95, 1.85-2.17, 1.86-2.20, 1.86-2.32, 1.89-1.94, 1.94-2.47, 1.95-2.11, 1.99-2.19 and 2.03-2.11x
 # (bubblewrap); on this course's 2-core CPU, graded alone, 1.40-1.49, 1.45-1.54, 1.46-1.58 and 1.48-1.51x. With
 # two graders at once on that CPU the intervals reached 1.26-1.63x (18 gradings of identical solutions, all 1
-# point). The H200's 2.09x is from 2026-11-22, with the baseline in the student's process (which ran it slower).
+# point). The H200's 2.09x is from 2026-11-22, with the baseline in the student's process.
 SOLUTION_SPEEDUPS = {"cuda": {"NVIDIA H100 80GB HBM3": (1.81, 2.47), "NVIDIA H200": (2.09, 2.09)},
                      "cpu": {"Intel Xeon, 2 cores (the CI machine)": (1.40, 1.58)}}
 THRESHOLDS = {"cuda": ((1.2, 1), (1.4, 2), (1.6, 3), (4.0, 4)),
