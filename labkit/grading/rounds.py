@@ -26,6 +26,7 @@ from typing import Callable
 
 from labkit import proctree
 from labkit.exercises import speed
+from labkit.grading.seal import frame
 
 MAX_REPLY_BYTES = 64 * 2**20
 BASELINE_START_S = 600.0  # the baseline process's start (importing torch, a CUDA context) and one round, at most
@@ -40,10 +41,6 @@ class Stopped(Exception):
 
 
 # -- the protocol: requests are JSON frames, replies torch.save frames (read with weights_only) --------------------
-
-def frame(payload: bytes) -> bytes:
-    return len(payload).to_bytes(8, "little") + payload
-
 
 def encode_reply(reply: dict, save: Callable = None) -> bytes:
     import torch
@@ -255,25 +252,8 @@ class Driver:
                         raise RuntimeError(f"the baseline's round {i} failed: {str(reply.get('error'))[:300]}")
                     base_s.append(seconds)
                     continue
-                signal_tree(proc.pid, signal.SIGCONT)
-                try:
-                    seconds, reply = child.timed(req, max(t_end - time.monotonic(), 0.0) + 5.0)
-                    if "obs" in reply:  # then, untimed, the child's own check that nothing judging it was changed
-                        _, checked = child.timed({"round": i, "kind": "check"}, max(t_end - time.monotonic(), 0) + 5)
-                        reply = reply if checked.get("checked") else checked
-                except TimeoutError:
-                    raise Stopped({"timeout": True}) from None
-                except EOFError:
-                    raise Stopped({"error": f"the grading process ended during round {i}"}) from None
-                except ValueError as exc:
-                    raise Stopped({"error": f"round {i}: its process sent {exc}: only the grader replies there"}) \
-                        from None
-                finally:
-                    signal_tree(proc.pid, signal.SIGSTOP)
-                if reply.get("timeout"):
-                    raise Stopped({"timeout": True})
-                if "obs" not in reply:
-                    raise Stopped({"error": str(reply.get("error") or "no result")[:400]})
+                # then, untimed, the child's own check that nothing judging it was changed
+                seconds, reply = _ask_student(proc, child, [req, {"round": i, "kind": "check"}], t_end)
                 obs.append(reply["obs"])
                 mine_s.append(seconds)
             return base_s[-1], mine_s[-1]
@@ -282,18 +262,34 @@ class Driver:
             speed.paired_rounds(pair, thresholds, least, most)
             after = None
             if rounds.after is not None:  # untimed, in the student's process, once the rounds are over
-                signal_tree(proc.pid, signal.SIGCONT)
-                try:
-                    _, reply = child.timed({"round": len(obs), "kind": "after", "args": args},
-                                           max(t_end - time.monotonic(), 0.0) + 5.0)
-                except (TimeoutError, EOFError, ValueError) as exc:
-                    raise Stopped({"error": f"after its rounds: {type(exc).__name__} {exc}"[:400]}) from None
-                finally:
-                    signal_tree(proc.pid, signal.SIGSTOP)
-                if "obs" not in reply:
-                    raise Stopped({"timeout": True} if reply.get("timeout") else
-                                  {"error": str(reply.get("error") or "no result")[:400]})
-                after = reply["obs"]
+                after = _ask_student(proc, child, [{"round": len(obs), "kind": "after", "args": args}], t_end)[1]["obs"]
         except Stopped as stop:
             return stop.result
         return {"obs": rounds.result(args, obs, mine_s, base_s, after)}
+
+
+def _ask_student(proc: subprocess.Popen, child: Side, requests: list[dict], t_end: float) -> tuple[float, dict]:
+    """The student's processes started, `requests` answered in turn (each must succeed), stopped again; (the first
+    request's seconds, its reply). Stopped, with the function's result, when a reply is not an observation."""
+    signal_tree(proc.pid, signal.SIGCONT)
+    try:
+        answered = []
+        for req in requests:  # the next only after an observation
+            answered.append(child.timed(req, max(t_end - time.monotonic(), 0.0) + 5.0))
+            if "obs" not in answered[-1][1]:
+                break
+    except TimeoutError:
+        raise Stopped({"timeout": True}) from None
+    except EOFError:
+        raise Stopped({"error": f"the grading process ended during round {requests[0]['round']}"}) from None
+    except ValueError as exc:
+        raise Stopped({"error": f"round {requests[0]['round']}: its process sent {exc}: only the grader replies "
+                                f"there"}) from None
+    finally:
+        signal_tree(proc.pid, signal.SIGSTOP)
+    for _, reply in answered:
+        if reply.get("timeout"):
+            raise Stopped({"timeout": True})
+        if "obs" not in reply and not reply.get("checked"):
+            raise Stopped({"error": str(reply.get("error") or "no result")[:400]})
+    return answered[0]

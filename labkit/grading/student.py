@@ -17,6 +17,7 @@ from typing import Any
 from labkit.grading import rounds, safeio, seal, supervise
 from labkit.grading.judge import NEEDS_GPU, Outcome, judge, load_results
 from labkit.grading.report import StudentReport
+from labkit.grading.sandbox import SCRATCH_DIRS
 from labkit.grading.specs import FnSpec
 from labkit.grading.submissions import Submission, defines_triton_kernel, extract_code, match_notebooks
 
@@ -182,7 +183,7 @@ def _baseline_env(ctx: Context, work: Path, env: dict) -> dict:
     """The environment of the baseline's clean process (labkit.grading.baseline): the child's, with its caches in
     a folder of the parent's (it runs outside the sandbox; no student code runs in it)."""
     scratch = work / "baseline"
-    for sub in ("home", "tmp", "cache", "triton", "ext"):
+    for sub in SCRATCH_DIRS:
         (scratch / sub).mkdir(parents=True, exist_ok=True)
     return supervise.child_env(ctx.limits, scratch, env.get("LABKIT_DEVICE", "cpu"), env.get("CUDA_VISIBLE_DEVICES"))
 
