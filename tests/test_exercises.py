@@ -327,6 +327,31 @@ def test_profiling_grader_checks_every_fix_and_partly_fixed_code_loses_marks(nam
     assert not any(ex11_profiling.fixes(work, slow["ops"], ex11_profiling.VISIBLE_SIZES["steps"]).values())
 
 
+def test_profiling_call_that_notices_it_is_counted_cannot_skip_the_work():
+    """A fast_train that does the work in timed calls but, when it sees the grader's counting modes, returns its
+    last result without a single op earns nothing: the counted call's result is checked like the timed ones'."""
+    import torch
+
+    from labkit.exercises import ex11_profiling
+    from labkit.grading import specs
+
+    fast = functions_from(SOLUTIONS / "11_profiling.ipynb")["fast_train"]
+    last = []
+
+    def cheat(params, xs, ys, **hyper):
+        if torch._C._is_torch_function_mode_enabled():  # counted: do nothing, hand back the last answer
+            return last[-1]
+        last.append(fast(params, xs, ys, **hyper))
+        return last[-1]
+
+    spec = specs.load_specs(SOLUTIONS / "graded")["11_profiling"][0]
+    case = specs.make_cases(spec, specs.default_seed(SOLUTIONS / "graded"), False)[0]
+    frac, problems, _ = spec.fn.score(case["expected"], spec.fn.call(cheat, case["args"]))
+    assert frac == 0 and any("counted call" in p for p in problems), problems
+    honest, problems, _ = spec.fn.score(case["expected"], spec.fn.call(fast, case["args"]))
+    assert not any("counted call" in p for p in problems), problems  # the solution's counted call is right
+
+
 def test_triton_stubs_read_as_not_done_yet():
     import ast
 
