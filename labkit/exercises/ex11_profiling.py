@@ -40,9 +40,10 @@ MAX_RUNS = 17  # at most: more while the speed-up's interval straddles MIN_SPEED
 # whose cause was not measured): on the 2x bar. At 4x the steps: 2.74-3.36x on that CPU, in six gradings (two
 # graders at once in four of them).
 STEP_FACTOR = {"cuda": 4, "cpu": 4}
-# On a GPU, twice the hidden width too, which doubles what slow_train's clip walks in Python in every step. At 48-256-24 the solution measured 2.65-2.98x in a plain process
-# and 2.04-2.13x (lower bounds 1.84-1.90x) in the grader: on the 2x bar. At 48-512-24 (40 steps) 3.35x in a plain
-# process, and in the grader 2.78-4.17x, lower bounds 2.54-3.56x, over 8 cases in two gradings (H100, 2026-11-26).
+# On a GPU, twice the hidden width too, which doubles what slow_train's clip walks in Python in every step. At
+# 48-256-24 the solution measured 2.65-2.98x in a plain process and 2.04-2.13x (lower bounds 1.84-1.90x) in the
+# grader: on the 2x bar. At 48-512-24 (40 steps) 3.35x in a plain process, and in the grader 2.78-4.17x, lower
+# bounds 2.54-3.56x, over 8 cases in two gradings (H100, 2026-11-26).
 WIDTH_FACTOR = {"cuda": 2, "cpu": 1}
 
 OPS_FRACTION = 0.65  # "a few whole-tensor ops": at most this share of slow_train's ops per step
