@@ -132,3 +132,29 @@ def test_the_capstone_baseline_in_its_own_process_serves_the_same_rounds_as_the_
     mine = ex13.run_round(ex13.BaselineTrainer, args)
     assert reply["obs"]["losses"] == mine["losses"]
     assert torch.equal(reply["obs"]["logits"]["__tensor__"], mine["logits"]["__tensor__"])
+
+
+class _Probes:
+    """A baseline Side whose idle probes take the given seconds, in turn (the last one from then on)."""
+
+    def __init__(self, seconds: list[float]):
+        self.seconds, self.asked = list(seconds), 0
+
+    def timed(self, req: dict, limit_s: float) -> tuple[float, dict]:
+        assert req["kind"] == "idle"
+        took = self.seconds[min(self.asked, len(self.seconds) - 1)]
+        self.asked += 1
+        return took, {"round": req["round"], "kind": "idle", "obs": took}
+
+
+def test_a_baseline_round_on_a_gpu_waits_for_the_gpu_to_be_idle_and_work_left_queued_is_the_students(monkeypatch):
+    monkeypatch.setattr(rounds, "IDLE_WAIT_S", 0.2)
+    quiet = _Probes([0.2, 0.05, 1e-4, 1e-4, 2e-3, 1e-4, 1e-4, 1e-4])  # busy at first, then three quick in a row
+    assert rounds._wait_for_idle_gpu(quiet, 3, sleep=lambda s: None) and quiet.asked == 8
+    busy = _Probes([0.02])  # kernels the stopped student's process left queued keep it busy
+    with pytest.raises(rounds.Stopped) as stop:
+        rounds._wait_for_idle_gpu(busy, 3, sleep=lambda s: time.sleep(0.01))
+    assert "still busy" in stop.value.result["error"] and "round 3 of yours" in stop.value.result["error"]
+    shared = _Probes([0.02])  # a GPU shared with other students (--share-gpus): go on, blame no one
+    assert not rounds._wait_for_idle_gpu(shared, 3, blame=False, sleep=lambda s: time.sleep(0.01))
+    assert shared.asked > 1

@@ -245,6 +245,7 @@ def grade(config: GradeConfig) -> list[StudentReport]:
                   gpu and cuda.missing() is None, [str(p) for p in protected], workroot, box, released, slots,
                   core_sets, labkit_copy)
     ctx.memo = _memo(memo_dir, config.remeasure, ctx, graded, seed) if memo_dir is not None else None
+    ctx.gpu_shared = bool(gpu and (workers > len(ids) or config.share_gpus))
     columns = [s for nb in specs.values() for s in nb]
     device = "a GPU" if gpu else "the CPU (no GPU)"
     share = f" (shard {k}/{n} of {len(everyone)})" if config.shard else ""

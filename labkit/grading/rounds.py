@@ -30,6 +30,13 @@ from labkit.grading.seal import frame
 
 MAX_REPLY_BYTES = 64 * 2**20
 BASELINE_START_S = 600.0  # the baseline process's start (importing torch, a CUDA context) and one round, at most
+# Before each baseline round on a GPU: the GPU is idle when a one-element op finishes within IDLE_OP_S, IDLE_PROBES
+# times in a row (kernels another process queued, the student's stopped one included, make it wait its turn); the
+# student's process is stopped meanwhile, so work it left queued that keeps the GPU busy for IDLE_WAIT_S is its own.
+IDLE_OP_S, IDLE_PROBES, IDLE_WAIT_S = 0.5e-3, 3, 5.0
+# ...and before the first round: what an earlier process left queued drains first (a killed process's kernels run
+# on; seen for seconds on an H100), so that what keeps the GPU busy later is the stopped student's.
+START_IDLE_WAIT_S = 60.0
 
 
 class Stopped(Exception):
@@ -187,8 +194,9 @@ class Driver:
     thread of the watchdog's process; `results[function]` holds one result per case ({"obs": ...} or why none)."""
 
     def __init__(self, specs: dict, device: str, env: dict, cpus: list[int] | None, limit_s: Callable[[str], float],
-                 log: Path, guard: tuple[list[str], list[str]] | None = None):
+                 log: Path, guard: tuple[list[str], list[str]] | None = None, gpu_shared: bool = False):
         self.specs, self.device, self.env, self.cpus, self.limit_s, self.log = specs, device, env, cpus, limit_s, log
+        self.gpu_shared = gpu_shared  # another worker's student may keep the GPU busy: then no one is blamed
         self.guard = guard  # the child's audit hook (forbidden, allowed), installed in the baseline's process too
         self.results: dict[str, list[dict]] = {}
         self.incidents: list[str] = []
@@ -224,8 +232,13 @@ class Driver:
         base = None
         try:
             base = Baseline(fn, self.device, self.env, self.cpus, self.log, self.guard)
+            blame = not self.gpu_shared
+            if self.device == "cuda" and not _wait_for_idle_gpu(base.side, -1, blame=False, wait_s=START_IDLE_WAIT_S):
+                blame = False  # busy before any round: not the student's doing that anyone can tell
+                self.incidents.append(f"{fn}: the GPU was still busy {START_IDLE_WAIT_S:g} s after the student's "
+                                      f"process was stopped, before its rounds: its timings may be off")
             for case in spec.cases:
-                self.results[fn].append(self._case(rounds, case["args"], child, base, proc, limit))
+                self.results[fn].append(self._case(rounds, case["args"], child, base, proc, limit, blame))
         except Exception as exc:  # the grader's own failure (its baseline process): said, and no points lost silently
             self.incidents.append(f"{fn}: the grader's baseline could not be timed ({type(exc).__name__}: {exc})")
             self.results[fn] += [{"error": "not graded: the grader's baseline process failed (see the grader's "
@@ -236,7 +249,8 @@ class Driver:
             if base is not None:
                 base.close()
 
-    def _case(self, rounds, args: dict, child: Side, base: Baseline, proc: subprocess.Popen, limit: float) -> dict:
+    def _case(self, rounds, args: dict, child: Side, base: Baseline, proc: subprocess.Popen, limit: float,
+              blame: bool) -> dict:
         thresholds, least, most = rounds.plan(args)
         obs: list = []
         mine_s: list[float] = []
@@ -247,6 +261,8 @@ class Driver:
             req = {"round": i, "kind": "round", "args": rounds.for_round(args, i)}
             for who in ("base", "mine") if base_first else ("mine", "base"):
                 if who == "base":
+                    if self.device == "cuda":
+                        _wait_for_idle_gpu(base.side, i, blame=blame)
                     seconds, reply = base.side.timed(req, BASELINE_START_S)
                     if "obs" not in reply:
                         raise RuntimeError(f"the baseline's round {i} failed: {str(reply.get('error'))[:300]}")
@@ -266,6 +282,28 @@ class Driver:
         except Stopped as stop:
             return stop.result
         return {"obs": rounds.result(args, obs, mine_s, base_s, after)}
+
+
+def _wait_for_idle_gpu(base: Side, i: int, blame: bool = True, wait_s: float | None = None,
+                       sleep: Callable[[float], None] = time.sleep) -> bool:
+    """True once the baseline's process finds the GPU idle (IDLE_PROBES quick ops in a row). Still busy after
+    `wait_s` (IDLE_WAIT_S): Stopped, blaming the student's work left running after its round i (`blame`: a GPU of
+    the student's own, idle before its rounds), else False."""
+    wait_s = IDLE_WAIT_S if wait_s is None else wait_s
+    quick, t_end = 0, time.monotonic() + wait_s
+    while True:
+        took = base.timed({"round": i, "kind": "idle"}, BASELINE_START_S)[1].get("obs")
+        quick = quick + 1 if isinstance(took, float) and took < IDLE_OP_S else 0
+        if quick >= IDLE_PROBES:
+            return True
+        if time.monotonic() > t_end:
+            if not blame:
+                return False
+            raise Stopped({"error": f"the GPU was still busy {wait_s:g} s after round {i} of yours had returned, "
+                                    f"with your process stopped: work your code queued that runs after it returns (a "
+                                    f"side stream, a thread) is not allowed; finish it before returning"})
+        if quick == 0:
+            sleep(0.01)
 
 
 def _ask_student(proc: subprocess.Popen, child: Side, requests: list[dict], t_end: float) -> tuple[float, dict]:

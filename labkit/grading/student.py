@@ -38,6 +38,7 @@ class Context:
     core_sets: Any = None  # queue of CPU core lists, one per worker: the child pins itself to one
     labkit_copy: Any = None  # {answer: its notebook} -> the labkit copy without them (grading.strip), or None
     memo: Any = None  # grading.memo.Memo: outcomes of identical work graded before, or None
+    gpu_shared: bool = False  # workers share a GPU (--share-gpus): another student's work may keep it busy
 
 
 def _write_job(in_dir: Path, job: dict, cases: Any = None) -> None:
@@ -117,7 +118,7 @@ def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device
         served = {fn: by_name[fn] for j in remaining for fn in j["functions"] if by_name[fn].fn.rounds is not None}
         driver = rounds.Driver(served, device, _baseline_env(ctx, work, env), cpus,
                                lambda fn: max(ctx.exercise_timeout, by_name[fn].fn.min_timeout_s),
-                               run / "baseline-log.txt", (forbidden, allowed)) if served else None
+                               run / "baseline-log.txt", (forbidden, allowed), ctx.gpu_shared) if served else None
         job = {"notebooks": remaining, "device": device, "cell_timeout": ctx.exercise_timeout,
                "exercise_timeout": ctx.exercise_timeout, "memory_mb": ctx.limits.memory_mb,
                "rlimit_as": device == "cpu", "threads": ctx.limits.threads, "cpus": cpus,
