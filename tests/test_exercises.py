@@ -327,12 +327,26 @@ def test_profiling_grader_checks_every_fix_and_partly_fixed_code_loses_marks(nam
     assert not any(ex11_profiling.fixes(work, slow["ops"], ex11_profiling.VISIBLE_SIZES["steps"]).values())
 
 
+def test_profiling_reference_is_slow_train_in_float64():
+    """The grader's expected results come from reference_train: slow_train's arithmetic, its clip vectorised."""
+    import torch
+
+    from labkit.exercises import ex11_profiling as ex11
+
+    sizes = {"steps": 5, "batch": 3, "d_in": 7, "hidden": 11, "d_out": 2}
+    for seed, max_norm in ((4, 0.05), (5, 100.0)):  # the clip scales every step, and never
+        problem = ex11.make_problem(seed, sizes, "cpu", torch.float64)
+        want, got = ex11.slow_train(*problem, max_norm=max_norm), ex11.reference_train(*problem, max_norm=max_norm)
+        for k in want[0]:
+            torch.testing.assert_close(got[0][k], want[0][k], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got[1].float(), want[1], rtol=1e-6, atol=1e-7)
+
+
 def test_profiling_call_that_notices_it_is_counted_cannot_skip_the_work():
     """A fast_train that does the work in timed calls but, when it sees the grader's counting modes, returns its
     last result without a single op earns nothing: the counted call's result is checked like the timed ones'."""
     import torch
 
-    from labkit.exercises import ex11_profiling
     from labkit.grading import specs
 
     fast = functions_from(SOLUTIONS / "11_profiling.ipynb")["fast_train"]
