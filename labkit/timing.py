@@ -10,7 +10,7 @@ import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Hashable, Iterator, Mapping
 
 import torch
 
@@ -130,6 +130,21 @@ def bench_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 
         object.__setattr__(t, "host_busy", max(busy[label]) if busy[label] else None)
         out[label] = t
     return out
+
+
+def bench_each(fns: Mapping[Hashable, Callable[[], object]], *, interleave: bool | None = None,
+               **options: object) -> dict[Hashable, Timing]:
+    """Time several calls that a claim compares: {label: call} -> {label: Timing}; `options` go to `bench`.
+
+    interleave=None alternates them (`bench_interleaved`) on a CPU, whose speed drifts while other tenants share
+    the machine, and times each in one block on a GPU, as the course's GPU reference runs were measured.
+    """
+    if interleave is None:
+        device = options.get("device")
+        interleave = (torch.device(device) if device is not None else current().device).type != "cuda"
+    if interleave:
+        return bench_interleaved(fns, **options)
+    return {label: bench(fn, **options) for label, fn in fns.items()}  # type: ignore[arg-type]
 
 
 def _slow(first_ms: float, rep_ms: float, min_reps: int, max_s: float, timed) -> Timing | None:

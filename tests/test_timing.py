@@ -158,3 +158,24 @@ def test_interleaved_needs_calls_and_rounds():
         timing.bench_interleaved({})
     with pytest.raises(ValueError, match="at least 1 round"):
         timing.bench_interleaved({"a": lambda: None}, rounds=0)
+
+
+def test_bench_each_alternates_on_a_cpu_and_times_blocks_on_a_gpu(clock, monkeypatch):
+    """bench_each: a CPU's slowdown half-way falls on every call alike; a GPU keeps one block per call."""
+    start = clock.now
+
+    def at(ms):  # the call costs `ms`, twice that after the first 0.6 s of the run
+        return lambda: clock.advance(ms / 1e3 * (2 if clock.now - start > 0.6 else 1))
+
+    both = timing.bench_each({("a", 1): at(1.0), ("b", 2): at(1.0)}, rounds=6, rep_ms=1000, warmup_ms=1, device="cpu")
+    assert set(both) == {("a", 1), ("b", 2)}
+    assert both[("a", 1)].median_ms == pytest.approx(both[("b", 2)].median_ms, rel=0.35)
+    start = clock.now
+    blocks = timing.bench_each({"a": at(1.0), "b": at(1.0)}, interleave=False, warmup_ms=1, rep_ms=500, device="cpu")
+    assert blocks["b"].median_ms > 1.5 * blocks["a"].median_ms  # one block each: b took the whole slowdown
+    called = []
+    monkeypatch.setattr(timing, "bench", lambda fn, **kw: called.append(("bench", kw["device"])) or "t")
+    monkeypatch.setattr(timing, "bench_interleaved", lambda fns, **kw: called.append(("interleaved", kw["device"])))
+    assert timing.bench_each({"a": None, "b": None}, device="cuda") == {"a": "t", "b": "t"}
+    timing.bench_each({"a": None}, device="cpu")
+    assert called == [("bench", "cuda"), ("bench", "cuda"), ("interleaved", "cpu")]
