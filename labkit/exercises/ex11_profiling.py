@@ -177,10 +177,14 @@ def count_work(fn, problem: tuple, hyper: dict) -> dict:
             "copies": sum(calls.calls.get(k, 0) for k in COPIES), "ops": ops.ops, "result": snapshot(out)}
 
 
+def count_slow_ops(sizes: dict, device: str | torch.device) -> int:
+    """ATen ops slow_train runs at `sizes` on `device`: the same for every seed and hyperparameter, so counted once
+    per grader (counting it takes seconds at the graded sizes)."""
+    return _count_slow_ops(tuple(sorted(sizes.items())), str(torch.device(device)))
+
+
 @functools.lru_cache(maxsize=None)
-def count_slow_ops(sizes: tuple[tuple[str, int], ...], device: str) -> int:
-    """ATen ops slow_train runs at `sizes` (its items) on `device`: the same for every seed and hyperparameter, so
-    counted once per grader (counting it takes seconds at the graded sizes)."""
+def _count_slow_ops(sizes: tuple[tuple[str, int], ...], device: str) -> int:
     return count_work(slow_train, make_problem(0, dict(sizes), device), {})["ops"]
 
 
@@ -229,7 +233,7 @@ def call_fast_train(fn, args):
                                     int(args.get("min runs", RUNS)) - 1, len(seeds) - 1)
         seed = seeds[-1] + 1  # one more call, untimed, counting what each does
         work = count_work(fn, make_problem(seed, sizes, device), hyper)
-        slow_count = count_slow_ops(tuple(sorted(sizes.items())), str(device))
+        slow_count = count_slow_ops(sizes, device)
     slow_s, fast_s = [s for s, _ in pairs], [f for _, f in pairs]
     return {"results": runs, "slow s": slow_s, "yours s": fast_s, "work": work, "slow ops": slow_count,
             "steps": int(sizes["steps"])}
@@ -261,7 +265,7 @@ def _count_after(fn, args: dict) -> dict:
 
 
 def _result(args: dict, outputs: list, seconds: list[float], slow_seconds: list[float], work) -> dict:
-    slow_count = count_slow_ops(tuple(sorted(args["sizes"].items())), str(torch.device(args.get("device", "cpu"))))
+    slow_count = count_slow_ops(args["sizes"], args.get("device", "cpu"))
     return {"results": outputs, "slow s": slow_seconds, "yours s": seconds, "work": work, "slow ops": slow_count,
             "steps": int(args["sizes"]["steps"])}
 
