@@ -28,6 +28,21 @@ TIMEOUT = 45  # per notebook; the stubborn student below costs this once
 EXERCISE_TIMEOUT = 15
 
 
+# the timing exercise's durations, read from wherever the process holds them: the workload's closure, the callers'
+# frames, any object alive (issue 40: "read a workload's parameters from a closure")
+PEEK = """import gc, sys
+    named = dict(zip(fn.__code__.co_freevars, [c.cell_contents for c in fn.__closure__ or ()]))
+    found = [named.get("ms"), getattr(named.get("load"), "ms", None), getattr(getattr(fn, "__self__", 0), "ms", 0)]
+    frame = sys._getframe(1)
+    while frame is not None:
+        here = frame.f_locals
+        found += [here.get("ms"), getattr(here.get("load"), "ms", None), (here.get("args") or {}).get("ms")]
+        frame = frame.f_back
+    found += [o.ms for o in gc.get_objects() if type(o).__name__ == "Workload"]
+    ms = [x for x in found if isinstance(x, float)]
+    return ms[0] if ms else -1.0"""
+
+
 def nb(name: str, folder: Path = SOLUTIONS) -> dict:
     return json.loads((folder / f"{name}.ipynb").read_text())
 
@@ -144,6 +159,8 @@ def graded(tmp_path_factory, grader_sandbox_flags):
                 "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"
                 "    q, k, v = (t if t.stride(-1) == 1")
     save(subs, "cheater", {"01_device_placement": cheat, "04_roofline": cached, "09_attention": sdpa})
+    # times, then returns the duration it found (a student of its own: the cheater's torch patches would refuse it)
+    save(subs, "peeker", {"03_timing": edit(nb("03_timing"), "return float(statistics.median(times))", PEEK)})
     # reaches labkit's answers past the stubs: a module reload, the source file read and run (issue 40)
     save(subs, "reloader", {
         "10_model_parallel": add_cell(nb("10_model_parallel", EXERCISES), RELOAD, after="def one_f_one_b"),
@@ -269,6 +286,8 @@ def test_cheating_in_the_students_own_process_does_not_pay(graded):
     assert rows["cheater"]["attainable_tflops"] == "0"  # cached visible answers fail on the hidden cases
     assert rows["cheater"]["matmul_flops_bytes"] == "1"
     assert rows["cheater"]["flash_attention"] == "0"  # PyTorch's attention instead of the notebook's kernel
+    # the grader serves the workload: no duration in the student's process (in it, the peeker scored 1)
+    assert rows["peeker"]["median_ms"] == "0" and "got -1" in feedback["peeker"], feedback["peeker"]
     assert f"{RAN_OWN_KERNEL}: expected True, got False" in feedback["cheater"]
 
 
@@ -297,7 +316,7 @@ def test_reading_solutions_writing_grades_and_signals_are_refused(graded):
     assert "grading sandbox: os.kill is not allowed" in fb
     assert "starting cat is not allowed" in fb
     assert "snoop,999" not in stdout and rows["snoop"]["total"] == "0"
-    assert len(rows) == 13  # nobody added a row
+    assert len(rows) == 14  # nobody added a row
 
 
 def test_a_single_renamed_notebook_is_matched_and_magics_are_skipped(graded):

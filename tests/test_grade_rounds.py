@@ -73,6 +73,56 @@ def test_the_round_is_timed_from_the_request_to_the_whole_reply_and_an_earlier_r
         os.close(r)
 
 
+def test_a_served_workload_is_answered_in_the_parent_and_an_ask_where_none_is_served_is_refused():
+    """A fake child whose round calls a served workload three times (the ask frame, then the parent's answer on its
+    stdin): the parent's server counts and times the calls (exercise 03's Workload, sleeping here), the child only
+    sees the answers."""
+    from labkit.exercises.ex03_timing import SPAN, Workload, _served_result
+
+    child = ("import json, os, sys, time\n"
+             "from labkit.grading import rounds, seal\n"
+             "fd = int(sys.argv[1])\n"
+             "while True:\n"
+             "    req = json.loads(seal.read_frame(0))\n"
+             "    if req.get('end'):\n"
+             "        break\n"
+             "    got = []\n"
+             "    for _ in range(req['args']['calls']):\n"
+             "        os.write(fd, rounds.ASK_FRAME)\n"
+             "        got.append(json.loads(seal.read_frame(0)))\n"
+             "    os.write(fd, rounds.encode_reply({'round': req['round'], 'kind': req['kind'], 'obs': got}))\n")
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", child, str(w)], stdin=subprocess.PIPE, pass_fds=(w,))
+    os.close(w)
+    try:
+        side = rounds.Side(proc.stdin, r)
+        load = Workload("cpu", 20.0, warmup=1, reps=2, outlier_at=5)
+        seconds, reply = side.timed({"round": 1, "kind": "round", "args": {"calls": 3}}, 30, load.answer)
+        assert reply["obs"] == [{}, {}, {}] and load.calls == 3 and len(load.asked) == 3
+        assert 20.0 <= load.measured() < 200 and seconds >= (200 + 2 * 20) / 1e3  # a 10x warm-up call, then two
+        assert load.measured() <= load.span() < 1000  # one timed call to the next: its sleep and the trip
+        assert _served_result({"ms": 20.0}, [reply["obs"]], [load])[SPAN] == load.span()
+        gpu = Workload("cuda", 2.0, warmup=1, reps=2, outlier_at=0)
+        assert [gpu.answer() for _ in range(3)] == [{"ms": 20.0}, {"ms": 20.0}, {"ms": 2.0}]  # told, not slept
+        with pytest.raises(ValueError, match="no workload is served"):
+            side.timed({"round": 2, "kind": "round", "args": {"calls": 1}}, 30)
+    finally:
+        proc.kill()
+        os.close(r)
+
+
+def test_a_served_answer_counts_from_the_graders_sleep_to_its_span_of_a_call_and_no_further():
+    from labkit.exercises.ex03_timing import MEASURED, SPAN, compare_median, median_ms_case
+
+    case = median_ms_case("served", "cpu", [1.5, 5.0], 2, 5, 3)
+    seen = {"calls of fn": [7, 7], MEASURED: [1.6, 5.1], SPAN: [2.9, 30.0]}  # the second's span: far over its sleep
+    assert not compare_median(case["expected"], {"median (ms)": [2.9, 5.3], **seen}, case["rtol"], case["atol"])
+    assert not compare_median(case["expected"], {"median (ms)": [1.2, 7.1], **seen}, case["rtol"], case["atol"])
+    # over the span's cap (1.25 x 5.1 + 1 = 7.4, then the tolerance): a loaded pipe does not widen it further
+    assert compare_median(case["expected"], {"median (ms)": [1.6, 10.2], **seen}, case["rtol"], case["atol"])
+    assert compare_median(case["expected"], {"median (ms)": [0.4, 5.1], **seen}, case["rtol"], case["atol"])
+
+
 def state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]

@@ -1,4 +1,10 @@
-"""Exercise 03, timing: `median_ms(fn, device, warmup, reps)` on a function of known duration."""
+"""Exercise 03, timing: `median_ms(fn, device, warmup, reps)` on a function of known duration.
+
+Graded, the workload is served from the grader's process (SERVED, labkit.grading.rounds): each call of the student's
+`work()` asks the grader, which sleeps on a CPU (and times the sleep on its own clock) or says how long this call's
+GPU sleep lasts, so the durations are in no closure, frame or case of the student's process before their calls.
+On a GPU the sleep must run in the student's process: a call's answer there holds its duration.
+"""
 from __future__ import annotations
 
 import math
@@ -11,7 +17,7 @@ import torch
 from labkit import compat
 from labkit.exercises.inputs import here
 from labkit.exercises.observe import compare, snapshot
-from labkit.exercises.spec import Function
+from labkit.exercises.spec import Function, Served
 
 NOTEBOOK = "03_timing"
 
@@ -60,33 +66,71 @@ def prepare(device: str) -> None:
 
 
 MEASURED = "the grader's own median of the timed calls (ms)"
+# served (the grader's process sleeps): its median time from one timed call's start to the next's, as the student's
+# clock sees a call give or take the trip through the pipes (a loaded machine's scheduling included)
+SPAN = "the grader's median time from a timed call to the next (ms)"
+SPAN_OVER_SLEEP = (1.25, 1.0)  # the span counts up to 1.25x the grader's sleep + 1 ms (no constant fits every band)
+
+
+class Workload:
+    """One run's calls of the timed function: each sleeps `ms`, 10x longer on the `warmup` calls and on timed call
+    `outlier_at`; on a CPU each sleep is timed on the grader's clock as it runs (a loaded machine's run long)."""
+
+    def __init__(self, device: str, ms: float, warmup: int, reps: int, outlier_at: int):
+        self.device, self.ms, self.warmup, self.reps = device, float(ms), int(warmup), int(reps)
+        self.slow = set(range(self.warmup)) | {self.warmup + int(outlier_at)}
+        self.calls, self.took, self.asked = 0, [], []
+
+    def next_ms(self) -> float:
+        ms = self.ms * (10 if self.calls in self.slow else 1)
+        self.calls += 1
+        return ms
+
+    def sleep_here(self) -> None:
+        t0 = _PERF()
+        _NAP(self.next_ms() / 1e3)
+        self.took.append((_PERF() - t0) * 1e3)
+
+    def measured(self) -> float | None:
+        timed = self.took[self.warmup:self.warmup + self.reps]
+        return statistics.median(timed) if len(timed) == self.reps else None
+
+    def span(self) -> float | None:
+        """Served: the median time from one timed call's ask to the next ask (the last timed call has none)."""
+        gaps = [(b - a) * 1e3 for a, b in zip(self.asked, self.asked[1:])][self.warmup:self.warmup + self.reps]
+        return statistics.median(gaps) if len(gaps) >= self.reps - 1 >= 1 and self.device != "cuda" else None
+
+    def answer(self) -> dict:
+        """The grader's side of one call when it serves the workload (labkit.grading.rounds): on a CPU the sleep
+        runs here, in the grader's process; a GPU's sleep must run in the caller's, so it is told how long."""
+        self.asked.append(_PERF())
+        if self.device == "cuda":
+            return {"ms": self.next_ms()}
+        self.sleep_here()
+        return {}
+
+    def retry(self) -> bool:
+        """The grader's own measurement is implausible (a machine too loaded to say): measure the run again."""
+        return self.device != "cuda" and not _plausible(self.ms, self.measured())
 
 
 def _time_one(fn, device: torch.device, ms: float, warmup: int, reps: int, outlier_at: int) -> tuple:
-    """(what fn returned, how often it called the workload, the median the grader measured of the timed calls:
-    on a loaded CPU, sleeps run long)."""
-    slow_calls = set(range(warmup)) | {warmup + outlier_at}
-    calls, took = [0], []
+    """(what fn returned, how often it called the workload, the median the grader measured of the timed calls)."""
+    load = Workload(device.type, ms, warmup, reps, outlier_at)
     if device.type == "cuda":
-        per_ms = calibrate_gpu_sleep(ms)
-        sleep = _SLEEP
+        per_ms, sleep = calibrate_gpu_sleep(ms), _SLEEP
 
         def work():
-            sleep(int(per_ms * ms * (10 if calls[0] in slow_calls else 1)))
-            calls[0] += 1
+            sleep(int(per_ms * load.next_ms()))
     else:
-        clock, nap = _PERF, _NAP
+        work = load.sleep_here
+    return _returned(fn(work, device, warmup=warmup, reps=reps)), load.calls, load.measured()
 
-        def work():
-            t0 = clock()
-            nap(ms * (10 if calls[0] in slow_calls else 1) / 1e3)
-            took.append((clock() - t0) * 1e3)
-            calls[0] += 1
-    out = fn(work, device, warmup=warmup, reps=reps)
+
+def _returned(out: Any) -> Any:
     if isinstance(out, torch.Tensor) and out.numel() == 1:
         out = out.item()
-    timed = took[warmup:warmup + reps]
-    return snapshot(out), calls[0], statistics.median(timed) if len(timed) == reps else None
+    return snapshot(out)
 
 
 def _plausible(nominal: float, measured: Any) -> bool:
@@ -106,7 +150,8 @@ def _measured_one(fn, device: torch.device, ms: float, warmup: int, reps: int, o
 
 
 def call_median_ms(fn, args):
-    """fn times a callable whose first `warmup` calls are slow and one timed call is an outlier.
+    """fn times a callable whose first `warmup` calls are slow and one timed call is an outlier (in this process:
+    the notebook's own check; the grader serves the workload from outside, SERVED).
 
     `args["ms"]` is one duration, or a list of very different ones (then fn runs once per duration,
     so no constant answer fits them all).
@@ -121,25 +166,75 @@ def call_median_ms(fn, args):
     return {"median (ms)": got, "calls of fn": calls, MEASURED: measured}
 
 
-def _expected_median(nominal: float, measured: Any) -> float:
+# -- graded: the workload served from the grader's process (labkit.grading.rounds), so the student's process never
+# holds the durations (no closure, frame or case to read them from) nor the grader's measurement of them
+
+def _runs(args: dict) -> list[dict]:
+    many = isinstance(args["ms"], (list, tuple))
+    return [{"device": args.get("device", "cpu"), "ms": float(ms), "warmup": int(args["warmup"]),
+             "reps": int(args["reps"]), "outlier_at": int(args["outlier_at"])}
+            for ms in (args["ms"] if many else [args["ms"]])]
+
+
+def _for_child(plan: dict) -> dict:
+    return {"device": plan["device"], "warmup": plan["warmup"], "reps": plan["reps"]}
+
+
+def _run_served(fn, args: dict, ask) -> Any:
+    """In the grading child: fn times a work() whose every call the grader serves (on a CPU it sleeps in the
+    grader's process; on a GPU the grader says how long this process's GPU sleep lasts)."""
+    device = torch.device(args["device"])
+    if device.type == "cuda":
+        per_ms, sleep = calibrate_gpu_sleep(), _SLEEP
+
+        def work():
+            sleep(int(per_ms * float(ask()["ms"])))
+    else:
+        def work():
+            ask()
+    return _returned(fn(work, device, warmup=int(args["warmup"]), reps=int(args["reps"])))
+
+
+def _served_result(args: dict, medians: list, loads: list[Workload]) -> dict:
+    if isinstance(args["ms"], (list, tuple)):
+        return {"median (ms)": medians, "calls of fn": [w.calls for w in loads],
+                MEASURED: [w.measured() for w in loads], SPAN: [w.span() for w in loads]}
+    return {"median (ms)": medians[0], "calls of fn": loads[0].calls, MEASURED: loads[0].measured(),
+            SPAN: loads[0].span()}
+
+
+SERVED = Served(runs=_runs, for_child=_for_child, run=_run_served, server=lambda plan: Workload(**plan),
+                result=_served_result, attempts=ATTEMPTS)
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _expected_median(nominal: float, measured: Any, span: Any = None, got: Any = None) -> float:
     """What the grader saw of the same calls: a sleep never ends early, so a measurement under `nominal` is not the
     grader's (nominal counts); one far over it is a loaded machine, measured ATTEMPTS times (the grader's clock and
-    sleep are bound before student code), so it is what the right answer saw."""
-    ok = isinstance(measured, (int, float)) and not isinstance(measured, bool) and math.isfinite(measured)
-    return float(measured) if ok and measured >= nominal else nominal
+    sleep are bound before student code), so it is what the right answer saw. Served, the answer may lie anywhere
+    from the grader's sleep to its span of a call (SPAN), at most SPAN_OVER_SLEEP over the sleep."""
+    low = float(measured) if _number(measured) and measured >= nominal else nominal
+    if not (_number(span) and _number(got)):
+        return low
+    scale, extra = SPAN_OVER_SLEEP
+    return min(max(float(got), low), max(low, min(float(span), scale * low + extra)))
 
 
 def compare_median(expected: Any, got: Any, rtol: float = 0.0, atol: float = 0.0, **kwargs) -> list[str]:
     """compare(), against the grader's own measurement of the same calls where it is plausible (CPU sleeps)."""
     if isinstance(got, dict) and MEASURED in got and isinstance(expected, dict):
-        got, measured = {k: v for k, v in got.items() if k != MEASURED}, got[MEASURED]
-        nominal = expected["median (ms)"]
+        measured, span = got[MEASURED], got.get(SPAN)
+        got = {k: v for k, v in got.items() if k not in (MEASURED, SPAN)}
+        nominal, answer = expected["median (ms)"], got.get("median (ms)")
         if isinstance(nominal, list):
-            measured = (measured if isinstance(measured, list) and len(measured) == len(nominal)
-                        else [None] * len(nominal))
-            median = [_expected_median(n, m) for n, m in zip(nominal, measured)]
+            def listed(x):
+                return x if isinstance(x, list) and len(x) == len(nominal) else [None] * len(nominal)
+            median = [_expected_median(*v) for v in zip(nominal, listed(measured), listed(span), listed(answer))]
         else:
-            median = _expected_median(nominal, measured)
+            median = _expected_median(nominal, measured, span, answer)
         expected = dict(expected, **{"median (ms)": median})
     return compare(expected, got, rtol, atol, **kwargs)
 
@@ -163,4 +258,4 @@ def visible_median_ms() -> list[dict]:
 
 
 FUNCTIONS = [Function("median_ms", call_median_ms, visible_median_ms, compare=compare_median, prepare=prepare,
-                      timed=True)]
+                      timed=True, rounds=SERVED)]

@@ -43,6 +43,27 @@ class Rounds:
 
 
 @dataclass(frozen=True)
+class Served:
+    """A function whose workload the grader serves from outside: the student's function gets a `work()` that asks
+    the parent for each call (a frame on the rounds pipe), so the grading child never holds the workload's
+    parameters, and the parent counts and times the calls on its own clock.
+
+    `runs(case_args)` -> each run's plan (plain data, kept in the parent); `for_child(plan)` -> what the child's
+    round gets; `run(fn, round_args, ask)` -> the round's observation, in the child (`ask()` tells the parent of a
+    call and returns its answer); `server(plan)` -> an object whose `answer()` serves the run's calls in the parent
+    and whose `retry()` says its own measurement was off (a loaded machine: run it again, up to `attempts` times);
+    `result(case_args, observations, servers)` -> what the function's `compare` reads.
+    """
+
+    runs: Callable[[dict], list[dict]]
+    for_child: Callable[[dict], dict]
+    run: Callable[[Callable, dict, Callable[[], dict]], Any]
+    server: Callable[[dict], Any]
+    result: Callable[[dict, list, list], Any]
+    attempts: int = 1
+
+
+@dataclass(frozen=True)
 class Function:
     """One graded function of an exercise notebook.
 
@@ -67,4 +88,4 @@ class Function:
     answers: tuple[str, ...] = ()  # dotted names of labkit objects that are this function's answer
     min_timeout_s: float = 0.0  # its calls get at least this long, whatever --exercise-timeout (e.g. compiling)
     timed: bool = False  # its grade rests on time measured while grading: one worker per GPU, or per 2 CPU cores
-    rounds: Rounds | None = None  # the grader times it from outside, against a baseline in a clean process
+    rounds: Rounds | Served | None = None  # timed against a baseline, or its workload served, from outside

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from labkit.exercises import integrity
 from labkit.grading import answers, rounds, seal
+from labkit.exercises.spec import Served
 from labkit.grading.guard import install_guard
 
 
@@ -107,9 +108,10 @@ def _grade_function(ns: dict, name: str, call: Callable, todo: list[dict], timeo
 
 
 def _serve_rounds(ns: dict, name: str, spec, timeout: float, describe, requests: Callable[[], bytes],
-                  reply: Callable[[dict], None]) -> None:
+                  reply: Callable[[dict], None], ask: Callable[[], dict] | None = None) -> None:
     """Serve the parent's timed rounds of `name` (labkit.grading.rounds) under one alarm: each request runs the
-    student's function once, and the reply is the round's observation, or why there is none."""
+    student's function once, and the reply is the round's observation, or why there is none. A served function's
+    workload asks the parent for each of its calls (`ask`)."""
     fn = ns.get(name)
     try:
         _set_alarm(timeout)
@@ -135,6 +137,8 @@ def _serve_rounds(ns: dict, name: str, spec, timeout: float, describe, requests:
                 with answers.grading(name):
                     if req["kind"] == "after":  # untimed, once the rounds are over
                         return {"obs": spec.after(fn, req["args"])}
+                    if isinstance(spec, Served):
+                        return {"obs": spec.run(fn, req["args"], ask)}
                     return {"obs": spec.run(fn, req["args"])}
             except ExerciseTimeout:
                 raise
@@ -201,6 +205,11 @@ def main(in_dir: str, out_dir: str) -> None:
     if any(f.timed for f in fns.values()):
         integrity.capture()  # the judging code and process state, as they are before student code
 
+    def ask() -> dict:
+        """A served workload's call (labkit.exercises.spec.Served): a frame to the parent, its answer from stdin."""
+        write(reply_fd, rounds.ASK_FRAME)
+        return json.loads(seal.read_frame(pipe, read))
+
     def display(*objs, **kwargs):
         print(*objs)
 
@@ -234,7 +243,7 @@ def main(in_dir: str, out_dir: str) -> None:
             if fns[name].rounds is not None and reply_fd is not None:  # timed by the parent, from outside
                 emit(ev="rounds", nb=nb["name"], fn=name)
                 _serve_rounds(ns, name, fns[name].rounds, limit, describe, lambda: seal.read_frame(pipe, read),
-                              lambda r: rounds.write_all(reply_fd, rounds.encode_reply(r, save), write))
+                              lambda r: rounds.write_all(reply_fd, rounds.encode_reply(r, save), write), ask)
                 emit(ev="fn_done", nb=nb["name"], fn=name)
                 continue
             results = _grade_function(ns, name, callers[name], todo, limit, describe, fns[name].timed)

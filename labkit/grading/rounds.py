@@ -9,6 +9,10 @@ from sending the request to holding the whole reply. Between its rounds every pr
 (SIGSTOP): nothing of theirs runs while the baseline is timed, and work left running past a reply waits for, and
 is timed in, their next round. A reply counts only when its observation is right (the function's `score` checks it
 against the parent's own baseline run), so a reply sent early must already hold the round's result.
+
+A served function (labkit.exercises.spec.Served) has no baseline: during its round the child asks the parent for
+each call of its workload (a frame on the reply pipe), and the parent answers on the child's stdin, so the workload's
+parameters and the parent's measurement of it never enter the student's process.
 """
 from __future__ import annotations
 
@@ -26,9 +30,13 @@ from typing import Callable
 
 from labkit import proctree
 from labkit.exercises import speed
+from labkit.exercises.spec import Served
 from labkit.grading.seal import frame
 
 MAX_REPLY_BYTES = 64 * 2**20
+# A served workload's call (labkit.exercises.spec.Served): a frame header no reply can have, with no body, so the
+# parent reads it in one system call and no decoding, and the call's round trip through the pipes stays short
+ASK_FRAME = (2**64 - 1).to_bytes(8, "little")
 BASELINE_START_S = 600.0  # the baseline process's start (importing torch, a CUDA context) and one round, at most
 # Before each baseline round on a GPU: the GPU is idle when a one-element op finishes within IDLE_OP_S, IDLE_PROBES
 # times in a row (kernels another process queued, the student's stopped one included, make it wait its turn); the
@@ -95,7 +103,10 @@ def read_reply(fd: int, deadline: float) -> dict:
     ValueError (not a reply the protocol allows)."""
     import torch
 
-    size = int.from_bytes(_read_exactly(fd, 8, deadline), "little")
+    head = _read_exactly(fd, 8, deadline)
+    if head == ASK_FRAME:
+        return {"round": -1, "kind": "ask"}
+    size = int.from_bytes(head, "little")
     if size > MAX_REPLY_BYTES:
         raise ValueError(f"a reply of {size} bytes (at most {MAX_REPLY_BYTES // 2**20} MB)")
     try:
@@ -136,20 +147,29 @@ class Side:
     def __init__(self, requests, replies: int):
         self.requests, self.replies = requests, replies
 
-    def timed(self, req: dict, limit_s: float) -> tuple[float, dict]:
+    def timed(self, req: dict, limit_s: float, on_ask: Callable[[], dict] | None = None) -> tuple[float, dict]:
         """(seconds from sending `req` to holding its whole reply, the reply); replies to earlier requests (sent
-        twice) are passed over."""
+        twice) are passed over. An ask meanwhile (a served workload's call, labkit.exercises.spec.Served) gets
+        on_ask's answer, as a frame on the requests pipe."""
         data = frame(json.dumps(req).encode())
         t0 = time.perf_counter()
-        self.requests.write(data)
-        self.requests.flush()
+        self.send(data)
         deadline = time.monotonic() + limit_s
         while True:
             reply = read_reply(self.replies, deadline)
+            if reply.get("kind") == "ask" and not reply.get("timeout"):
+                if on_ask is None:
+                    raise ValueError("an ask where no workload is served")
+                self.send(frame(json.dumps(on_ask()).encode()))
+                continue
             if reply.get("timeout") or (reply["round"], reply.get("kind")) == (req["round"], req["kind"]):
                 return time.perf_counter() - t0, reply
             if reply["round"] > req["round"]:
                 raise ValueError(f"a reply for round {reply['round']} to the request for round {req['round']}")
+
+    def send(self, data: bytes) -> None:
+        self.requests.write(data)
+        self.requests.flush()
 
     def end(self) -> None:
         try:
@@ -231,6 +251,10 @@ class Driver:
         signal_tree(proc.pid, signal.SIGSTOP)  # from here on the student's code runs only in its own rounds
         base = None
         try:
+            if isinstance(rounds, Served):  # no baseline: the parent serves the workload itself
+                for case in spec.cases:
+                    self.results[fn].append(self._served(rounds, case["args"], child, proc, limit))
+                return
             base = Baseline(fn, self.device, self.env, self.cpus, self.log, self.guard)
             blame = not self.gpu_shared
             if self.device == "cuda" and not _wait_for_idle_gpu(base.side, -1, blame=False, wait_s=START_IDLE_WAIT_S):
@@ -240,14 +264,34 @@ class Driver:
             for case in spec.cases:
                 self.results[fn].append(self._case(rounds, case["args"], child, base, proc, limit, blame))
         except Exception as exc:  # the grader's own failure (its baseline process): said, and no points lost silently
-            self.incidents.append(f"{fn}: the grader's baseline could not be timed ({type(exc).__name__}: {exc})")
-            self.results[fn] += [{"error": "not graded: the grader's baseline process failed (see the grader's "
-                                           "incidents)"}] * (len(spec.cases) - len(self.results[fn]))
+            what = "workload could not be served" if isinstance(rounds, Served) else "baseline could not be timed"
+            self.incidents.append(f"{fn}: the grader's {what} ({type(exc).__name__}: {exc})")
+            self.results[fn] += [{"error": f"not graded: the grader's {what.split(' could')[0]} failed (see the "
+                                           f"grader's incidents)"}] * (len(spec.cases) - len(self.results[fn]))
         finally:
             child.end()
             signal_tree(proc.pid, signal.SIGCONT)
             if base is not None:
                 base.close()
+
+    def _served(self, served: Served, args: dict, child: Side, proc: subprocess.Popen, limit: float) -> dict:
+        """One case of a served function: a round per run plan, each run's asks answered by a fresh server (again,
+        up to `attempts` times, while the server's own measurement was off)."""
+        t_end, n = time.monotonic() + limit, 0
+        observed, servers = [], []
+        try:
+            for plan in served.runs(args):
+                for _ in range(max(1, served.attempts)):
+                    server, n = served.server(plan), n + 1
+                    req = {"round": n, "kind": "round", "args": served.for_child(plan)}
+                    reply = _ask_student(proc, child, [req, {"round": n, "kind": "check"}], t_end, server.answer)[1]
+                    if not server.retry():
+                        break
+                observed.append(reply["obs"])
+                servers.append(server)
+        except Stopped as stop:
+            return stop.result
+        return {"obs": served.result(args, observed, servers)}
 
     def _case(self, rounds, args: dict, child: Side, base: Baseline, proc: subprocess.Popen, limit: float,
               blame: bool) -> dict:
@@ -306,14 +350,16 @@ def _wait_for_idle_gpu(base: Side, i: int, blame: bool = True, wait_s: float | N
             sleep(0.01)
 
 
-def _ask_student(proc: subprocess.Popen, child: Side, requests: list[dict], t_end: float) -> tuple[float, dict]:
-    """The student's processes started, `requests` answered in turn (each must succeed), stopped again; (the first
-    request's seconds, its reply). Stopped, with the function's result, when a reply is not an observation."""
+def _ask_student(proc: subprocess.Popen, child: Side, requests: list[dict], t_end: float,
+                 on_ask: Callable[[], dict] | None = None) -> tuple[float, dict]:
+    """The student's processes started, `requests` answered in turn (each must succeed; asks meanwhile get
+    on_ask's answer), stopped again; (the first request's seconds, its reply). Stopped, with the function's result,
+    when a reply is not an observation."""
     signal_tree(proc.pid, signal.SIGCONT)
     try:
         answered = []
         for req in requests:  # the next only after an observation
-            answered.append(child.timed(req, max(t_end - time.monotonic(), 0.0) + 5.0))
+            answered.append(child.timed(req, max(t_end - time.monotonic(), 0.0) + 5.0, on_ask))
             if "obs" not in answered[-1][1]:
                 break
     except TimeoutError:
