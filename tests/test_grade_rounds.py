@@ -1,11 +1,13 @@
 """labkit.grading.rounds: the parent times rounds on its own clock, reads only replies the protocol allows, passes
 over a reply sent twice, and stops every process of the student's between its rounds."""
+import contextlib
 import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -43,34 +45,41 @@ def test_a_reply_is_read_whole_and_anything_else_is_refused():
     os.close(w)
 
 
+@contextlib.contextmanager
+def fake_side(first: str, each_round: str):
+    """(process, Side) of a fake that serves requests as the grading child does: `first` runs once, then
+    `each_round` (with `req` and the reply pipe `fd`) for every request until the end one."""
+    code = ("import json, os, sys, time\n"
+            "from labkit.grading import rounds, seal\n"
+            "fd = int(sys.argv[1])\n" + first +
+            "while True:\n"
+            "    req = json.loads(seal.read_frame(0))\n"
+            "    if req.get('end'):\n"
+            "        break\n" + textwrap.indent(each_round, "    "))
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", code, str(w)], stdin=subprocess.PIPE, pass_fds=(w,))
+    os.close(w)
+    try:
+        yield proc, rounds.Side(proc.stdin, r)
+    finally:
+        proc.kill()
+        os.close(r)
+
+
 def test_the_round_is_timed_from_the_request_to_the_whole_reply_and_an_earlier_reply_is_passed_over():
     """A fake side that replies 0.2 s after each request; a reply to round 0 sent twice (as a student's code could)
     is passed over, and one for a later round is refused."""
-    server = ("import json, os, sys, time\n"
-              "from labkit.grading import rounds, seal\n"
-              "fd = int(sys.argv[1])\n"
-              "os.write(fd, rounds.encode_reply({'round': 0, 'kind': 'round', 'obs': 'stale'}))\n"
-              "while True:\n"
-              "    req = json.loads(seal.read_frame(0))\n"
-              "    if req.get('end'):\n"
-              "        break\n"
-              "    time.sleep(0.2)\n"
-              "    i = req['round'] + req['args']['skew']\n"
-              "    os.write(fd, rounds.encode_reply({'round': i, 'kind': req['kind'], 'obs': 'fresh'}))\n")
-    r, w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-c", server, str(w)], stdin=subprocess.PIPE, pass_fds=(w,))
-    os.close(w)
-    try:
-        side = rounds.Side(proc.stdin, r)
+    with fake_side("os.write(fd, rounds.encode_reply({'round': 0, 'kind': 'round', 'obs': 'stale'}))\n",
+                   "time.sleep(0.2)\n"
+                   "i = req['round'] + req['args']['skew']\n"
+                   "os.write(fd, rounds.encode_reply({'round': i, 'kind': req['kind'], 'obs': 'fresh'}))\n"
+                   ) as (proc, side):
         seconds, reply = side.timed({"round": 1, "kind": "round", "args": {"skew": 0}}, 30)
         assert reply == {"round": 1, "kind": "round", "obs": "fresh"} and 0.2 <= seconds < 5  # a fake: no served_s
         with pytest.raises(ValueError, match="a reply for round 3 to the request for round 2"):
             side.timed({"round": 2, "kind": "round", "args": {"skew": 1}}, 30)
         side.end()
         assert proc.wait(30) == 0
-    finally:
-        proc.kill()
-        os.close(r)
 
 
 def test_a_served_workload_is_answered_in_the_parent_and_an_ask_where_none_is_served_is_refused():
@@ -79,23 +88,12 @@ def test_a_served_workload_is_answered_in_the_parent_and_an_ask_where_none_is_se
     sees the answers."""
     from labkit.exercises.ex03_timing import SPAN, Workload, _served_result
 
-    child = ("import json, os, sys, time\n"
-             "from labkit.grading import rounds, seal\n"
-             "fd = int(sys.argv[1])\n"
-             "while True:\n"
-             "    req = json.loads(seal.read_frame(0))\n"
-             "    if req.get('end'):\n"
-             "        break\n"
-             "    got = []\n"
-             "    for _ in range(req['args']['calls']):\n"
-             "        os.write(fd, rounds.ASK_FRAME)\n"
-             "        got.append(json.loads(seal.read_frame(0)))\n"
-             "    os.write(fd, rounds.encode_reply({'round': req['round'], 'kind': req['kind'], 'obs': got}))\n")
-    r, w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-c", child, str(w)], stdin=subprocess.PIPE, pass_fds=(w,))
-    os.close(w)
-    try:
-        side = rounds.Side(proc.stdin, r)
+    with fake_side("", "got = []\n"
+                       "for _ in range(req['args']['calls']):\n"
+                       "    os.write(fd, rounds.ASK_FRAME)\n"
+                       "    got.append(json.loads(seal.read_frame(0)))\n"
+                       "os.write(fd, rounds.encode_reply({'round': req['round'], 'kind': req['kind'], 'obs': got}))\n"
+                   ) as (proc, side):
         load = Workload("cpu", 20.0, warmup=1, reps=2, outlier_at=5)
         seconds, reply = side.timed({"round": 1, "kind": "round", "args": {"calls": 3}}, 30, load.answer)
         assert reply["obs"] == [{}, {}, {}] and load.calls == 3 and len(load.asked) == 3
@@ -106,9 +104,6 @@ def test_a_served_workload_is_answered_in_the_parent_and_an_ask_where_none_is_se
         assert [gpu.answer() for _ in range(3)] == [{"ms": 20.0}, {"ms": 20.0}, {"ms": 2.0}]  # told, not slept
         with pytest.raises(ValueError, match="no workload is served"):
             side.timed({"round": 2, "kind": "round", "args": {"calls": 1}}, 30)
-    finally:
-        proc.kill()
-        os.close(r)
 
 
 def test_a_served_answer_counts_from_the_graders_sleep_to_its_span_of_a_call_and_no_further():
