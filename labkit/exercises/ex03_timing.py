@@ -114,17 +114,17 @@ class Workload:
         return self.device != "cuda" and not _plausible(self.ms, self.measured())
 
 
-def _time_one(fn, device: torch.device, ms: float, warmup: int, reps: int, outlier_at: int) -> tuple:
-    """(what fn returned, how often it called the workload, the median the grader measured of the timed calls)."""
-    load = Workload(device.type, ms, warmup, reps, outlier_at)
+def _time_one(fn, device: torch.device, plan: dict) -> tuple:
+    """(what fn returned, the run's Workload: its calls and the grader's measurement of the timed ones)."""
+    load = Workload(**plan)
     if device.type == "cuda":
-        per_ms, sleep = calibrate_gpu_sleep(ms), _SLEEP
+        per_ms, sleep = calibrate_gpu_sleep(load.ms), _SLEEP
 
         def work():
             sleep(int(per_ms * load.next_ms()))
     else:
         work = load.sleep_here
-    return _returned(fn(work, device, warmup=warmup, reps=reps)), load.calls, load.measured()
+    return _returned(fn(work, device, warmup=load.warmup, reps=load.reps)), load
 
 
 def _returned(out: Any) -> Any:
@@ -139,14 +139,14 @@ def _plausible(nominal: float, measured: Any) -> bool:
     return ok and nominal <= measured <= 1.5 * nominal + 2.0
 
 
-def _measured_one(fn, device: torch.device, ms: float, warmup: int, reps: int, outlier: int) -> tuple:
+def _measured_one(fn, device: torch.device, plan: dict) -> tuple:
     """_time_one, again while the grader's own measurement is implausible (the machine too loaded to say), up to
     ATTEMPTS times: the last attempt's result (the parent then grades against the grader's measurement of it)."""
     for _ in range(ATTEMPTS):
-        run = _time_one(fn, device, ms, warmup, reps, outlier)
-        if device.type == "cuda" or _plausible(ms, run[2]):
+        got, load = _time_one(fn, device, plan)
+        if not load.retry():
             break
-    return run
+    return got, load
 
 
 def call_median_ms(fn, args):
@@ -157,13 +157,8 @@ def call_median_ms(fn, args):
     so no constant answer fits them all).
     """
     device = torch.device(args.get("device", "cpu"))
-    warmup, reps, outlier = int(args["warmup"]), int(args["reps"]), int(args["outlier_at"])
-    if isinstance(args["ms"], (list, tuple)):
-        runs = [_measured_one(fn, device, float(ms), warmup, reps, outlier) for ms in args["ms"]]
-        return {"median (ms)": [r[0] for r in runs], "calls of fn": [r[1] for r in runs],
-                MEASURED: [r[2] for r in runs]}
-    got, calls, measured = _measured_one(fn, device, float(args["ms"]), warmup, reps, outlier)
-    return {"median (ms)": got, "calls of fn": calls, MEASURED: measured}
+    runs = [_measured_one(fn, device, plan) for plan in _runs(args)]
+    return _served_result(args, [got for got, _ in runs], [load for _, load in runs])
 
 
 # -- graded: the workload served from the grader's process (labkit.grading.rounds), so the student's process never
