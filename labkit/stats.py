@@ -7,6 +7,10 @@
   decided when at least `AGREE` of the draws give the answer the medians give; in between the spread cannot
   decide it and the verdict is INCONCLUSIVE. The draws are seeded by the claim's name: the same samples give
   the same verdict.
+- Samples are kept in the order they were taken, and a shared machine's slow spells last many samples: a
+  figure's samples are drawn in runs of consecutive ones (a moving-block bootstrap, `BLOCKS` runs of n / `BLOCKS`
+  samples), so a spell is drawn whole or not at all. Drawn one by one, 10,000 samples of which 55% fell in one
+  slow spell would look certain to have the slow median; drawn in runs, they show it rests on one spell.
 - A sampled figure needs at least `MIN_SAMPLES` samples; with fewer, a claim it decides is INCONCLUSIVE.
 - The host is busy when processes other than this one and its children took more than `BUSY_SHARE` of the
   machine's CPU time (Linux's /proc) while a claim's figures were measured: over each `labkit.bench` that timed
@@ -27,6 +31,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 DRAWS = 1000
+BLOCKS = 20  # runs of consecutive samples per bootstrap draw: bench_interleaved's rounds
 AGREE = 0.95
 MIN_SAMPLES = 5
 BUSY_SHARE = 0.25
@@ -115,9 +120,19 @@ def decide(test: Callable[[Mapping[str, object]], object], values: Mapping[str, 
         return Decision(first, None)
     too_few = tuple(k for k, s in samples.items() if s.n < MIN_SAMPLES)
     rng = np.random.default_rng(zlib.crc32(seed.encode()))
-    drawn = {k: np.median(rng.choice(np.asarray(s.values), size=(DRAWS, s.n)), axis=1) for k, s in samples.items()}
+    drawn = {k: np.median(block_draws(np.asarray(s.values), rng), axis=1) for k, s in samples.items()}
     same = sum(run({**values, **{k: float(d[i]) for k, d in drawn.items()}}) == first for i in range(DRAWS))
     return Decision(first, same / DRAWS, too_few)
+
+
+def block_draws(values: np.ndarray, rng: np.random.Generator, draws: int = DRAWS) -> np.ndarray:
+    """`draws` resamples of `values` (in the order taken), each `BLOCKS` runs of n / `BLOCKS` consecutive samples
+    from random starts (wrapping at the end), cut to n: shape (draws, n). Twenty samples or fewer: one by one."""
+    n = len(values)
+    run = -(-n // BLOCKS)
+    starts = rng.integers(0, n, size=(draws, -(-n // run)))
+    index = (starts[:, :, None] + np.arange(run)) % n
+    return values[index.reshape(draws, -1)[:, :n]]
 
 
 def _clock_ticks() -> int:

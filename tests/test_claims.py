@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 
 from labkit import claims, stats
@@ -74,6 +75,20 @@ def test_a_spread_that_straddles_the_threshold_is_inconclusive_not_explained(cap
                          figures={"a": (a, "ms"), "b": (b, "ms")}, diagnoses=[slow_link(True)])
     assert entry["status"] == "inconclusive" and "rerun on a quiet machine" in entry["note"]
     assert "slow_link" not in entry["note"] and "INCONCLUSIVE" in capsys.readouterr().out
+
+
+def test_a_median_that_rests_on_one_slow_spell_is_inconclusive():
+    """Samples taken in slow and fast spells are drawn in runs: 55% slow in two spells cannot decide what 55% slow
+    samples scattered one by one decide."""
+    a = [1.0] * 225 + [2.0] * 275 + [1.0] * 225 + [2.0] * 275  # median 2.0, on the spells
+    b = [1.0] * 275 + [2.0] * 225 + [1.0] * 275 + [2.0] * 225  # median 1.0
+    test = lambda f: f["a"] > 1.5 * f["b"]  # noqa: E731
+    spells = claims.claim("spells", "a is 1.5x b", test, figures={"a": summarize(a), "b": summarize(b)})
+    assert spells["status"] == "inconclusive" and spells["agreement"] < 0.7
+    order = np.random.default_rng(0).permutation(len(a))
+    scattered = claims.claim("scattered", "a is 1.5x b", test,
+                             figures={"a": summarize(list(np.take(a, order))), "b": summarize(list(np.take(b, order)))})
+    assert scattered["status"] == "held" and scattered["agreement"] >= 0.95
 
 
 def test_too_few_samples_are_inconclusive():
