@@ -37,7 +37,18 @@ def commit_label(source: dict) -> str | None:
 
 
 def source_commit(root: Path = COURSE_ROOT) -> dict:
-    """The commit the notebooks ran from and whether the tree had uncommitted changes (None outside git)."""
+    """The commit the notebooks ran from and whether the tree had uncommitted changes (None outside git).
+
+    LABKIT_SOURCE_COMMIT="<sha>" (or "<sha>+dirty") names them for a copy of the tree whose own git history is not
+    the one it came from, e.g. a GPU host handed the working tree; it must be a full 40-digit commit."""
+    given = os.environ.get("LABKIT_SOURCE_COMMIT", "").strip()
+    if given:
+        sha, _, mark = given.partition("+")
+        if not re.fullmatch(r"[0-9a-f]{40}", sha) or mark not in ("", "dirty"):
+            raise ValueError(f"LABKIT_SOURCE_COMMIT={given!r}: give a full commit, e.g. $(git rev-parse HEAD), "
+                             "with '+dirty' after it when the tree had uncommitted changes")
+        return {"commit": sha, "dirty": mark == "dirty"}
+
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)

@@ -2,7 +2,9 @@
 
 A reference run is `labkit run -p quick false` on a GPU host, saved with `labkit run --reference`
 (labkit.tools.run writes it) into `reference/<machine>/` (summary.json plus each notebook's tagged plots
-as PNG). Notebooks call `show(...)` so a student without a GPU sees a real GPU's results, labelled as such.
+as PNG) after each notebook, so a batch stopped by a time limit keeps what finished. Each entry records the
+commit it ran from; on a host handed a copy of the tree, set LABKIT_SOURCE_COMMIT (see `paths.source_commit`).
+Notebooks call `show(...)` so a student without a GPU sees a real GPU's results, labelled as such.
 """
 from __future__ import annotations
 

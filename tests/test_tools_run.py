@@ -103,6 +103,27 @@ def test_a_reference_run_needs_a_gpu(tmp_path):
     assert result.returncode != 0 and "must be made on a GPU host" in result.stdout + result.stderr
 
 
+def test_a_reference_batch_cut_short_keeps_the_notebooks_that_finished(tmp_path, monkeypatch):
+    """--reference saves after each notebook: a batch killed by a time limit in its second notebook has the first
+    in reference/<machine>/."""
+    first, second = (_notebook(tmp_path / f"{n}.ipynb", "quick = None", "x = 1") for n in ("01_a", "02_b"))
+
+    def run_one(path, out_dir, parameters, timeout_s):
+        if path == second:
+            raise KeyboardInterrupt  # the host's time limit, mid-notebook
+        nbformat.write(nbformat.read(path, as_version=4), out_dir / path.name)
+        return {"notebook": str(path), "output": str(out_dir / path.name), "status": "ok", "error": None,
+                "duration_s": 1.0, "figures": {}, "claims": {}, "claim_counts": {}}
+
+    monkeypatch.setattr(runner, "run_one", run_one)
+    monkeypatch.setattr(runner, "run_facts", lambda parameters: {"machine": {"GPU": "NVIDIA H100", "GPUs": "1"}})
+    monkeypatch.setattr(runner.reference, "ROOT", tmp_path / "reference")
+    with pytest.raises(KeyboardInterrupt):
+        runner.main([str(first), str(second), "-o", str(tmp_path / "build"), "--reference"])
+    saved = json.loads((tmp_path / "reference" / "nvidia-h100" / "summary.json").read_text())
+    assert [e["notebook"] for e in saved["notebooks"]] == ["01_a.ipynb"]
+
+
 def test_a_misspelt_parameter_is_refused_naming_it(tmp_path):
     nb = _notebook(tmp_path / "tiny.ipynb", "quick = None", "x = 1")
     result = _run(str(nb), "-o", str(tmp_path / "b"), "-p", "qiuck", "true")
@@ -194,6 +215,15 @@ def test_a_run_stores_the_commit_it_ran_from_and_whether_the_tree_was_dirty(tmp_
     assert re.fullmatch(r"[0-9a-f]{40}", clean["commit"]) and clean["dirty"] is False
     (tmp_path / "a.txt").write_text("2")
     assert source_commit(tmp_path) == {**clean, "dirty": True}
+    sent = "ab" * 20  # a copy of a tree made elsewhere names the commit it was sent from
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("LABKIT_SOURCE_COMMIT", sent)
+        assert source_commit(tmp_path) == {"commit": sent, "dirty": False}
+        env.setenv("LABKIT_SOURCE_COMMIT", sent + "+dirty")
+        assert source_commit(tmp_path) == {"commit": sent, "dirty": True}
+        env.setenv("LABKIT_SOURCE_COMMIT", "HEAD")
+        with pytest.raises(ValueError, match="full commit"):
+            source_commit(tmp_path)
     nb = tmp_path / "04_x.ipynb"
     nb.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "outputs": [],
                                          "source": 'labkit.claim("a" if gpu else "b_on_cpu", "e", True)'}]}))

@@ -277,14 +277,17 @@ def save_plots(executed: dict, folder: Path) -> list[Path]:
     return written
 
 
+def _require_gpu(machine: dict) -> None:
+    if machine.get("GPU", "none") in ("none", None):
+        raise SystemExit("labkit run --reference: a reference run must be made on a GPU host (no GPU here)")
+
+
 def save_reference(out_dir: Path, entries: list[dict], root: Path | None = None) -> Path:
     """Add a finished batch (summary entries and tagged plots) to reference/<machine>/ for students without one:
     the notebooks of this batch replace their earlier entries and plots, every other notebook's are kept."""
     summary = json.loads((out_dir / "summary.json").read_text())
     machine = summary.get("machine", {})
-    gpu = machine.get("GPU", "none")
-    if gpu in ("none", None):
-        raise SystemExit("labkit run --reference: a reference run must be made on a GPU host (no GPU here)")
+    _require_gpu(machine)
     dest = (root or reference.ROOT) / reference_folder(machine)
     dest.mkdir(parents=True, exist_ok=True)
     for e in entries:
@@ -358,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                  "--full-on-cpu to run it anyway.")
     args.output.mkdir(parents=True, exist_ok=True)
 
+    if args.reference:  # refused before anything runs, not after the batch
+        _require_gpu(run_facts(parameters).get("machine", {}))
     from tqdm.auto import tqdm
 
     entries = []
@@ -368,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         entries.append(entry)
         tqdm.write(f"{entry['status']:>6}  {path.name}  {entry['duration_s']:.1f} s"
                    + (f"  {entry['error'][:200]}" if entry["error"] else ""))
+        if args.reference:  # saved after each notebook: a batch stopped by a time limit keeps what finished
+            write_summary(entries, args.output, parameters, {**run_facts(parameters), "shard": args.shard})
+            save_reference(args.output, [entry])
     write_summary(entries, args.output, parameters, {**run_facts(parameters), "shard": args.shard})
     failed = sum(e["status"] != "ok" for e in entries)
     k = claims_mod.tally({f"{i}:{n}": c for i, e in enumerate(entries) for n, c in e["claims"].items()})
@@ -376,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
           f"summary in {args.output / 'summary.md'}")
     for nb, c in failed_claims(entries):
         print(f"FAILED CLAIM  {nb}: {c['name']}: expected {c.get('expected')}; {c.get('note', '')}"[:400])
-    if args.reference:
-        print(f"reference run saved in {save_reference(args.output, entries)}")
+    if args.reference and entries:
+        print(f"reference run saved in {save_reference(args.output, [])}")
     if k["failed"] and not args.allow_failed_claims:
         print(f"{k['failed']} claim(s) failed: the run fails (--allow-failed-claims to explore without failing)")
         return 1
