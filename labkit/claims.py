@@ -208,12 +208,13 @@ def claim(name: str, expected: str, holds: bool | Callable[[Mapping[str, Any]], 
             entry["agreement"] = round(decision.agree, 3)
         if invert:
             entry["uninverted"] = decision.at_medians != invert  # what the test itself gave at the medians
-        status, note = _verdict(decision, bool(sampled), busy, diagnoses, because, invert)
+        timed = any(not s.counted for s in sampled.values())  # a claim on counts alone: load cannot excuse a miss
+        status, note = _verdict(decision, timed, busy, diagnoses, because, invert)
         if log:
             # the inverted test's answer on these figures: the opposite at the medians, as firm (every bootstrap
             # draw flips with it), judged by the same rules (the load, the diagnoses measured here)
             flipped = stats.Decision(not decision.at_medians, decision.agree, decision.too_few)
-            inv_status, inv_note = _verdict(flipped, bool(sampled), busy, diagnoses, because, True)
+            inv_status, inv_note = _verdict(flipped, timed, busy, diagnoses, because, True)
             inverted_verdict = dict(status=inv_status, note=inv_note, uninverted=decision.at_medians)
     else:
         status, note = SKIPPED, needs or "the hardware it needs is missing here"

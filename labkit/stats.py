@@ -16,7 +16,9 @@
   machine's CPU time (Linux's /proc) while a claim's figures were measured: over each `labkit.bench` that timed
   them (carried as `Samples.busy`), and over the whole time since the previous claim; the larger counts, so a
   burst during a short measurement is not diluted by a long quiet cell. A timed claim that does not hold on a
-  busy host is INCONCLUSIVE and says so: a loaded machine is noise, not a cause.
+  busy host is INCONCLUSIVE and says so: a loaded machine is noise, not a cause. Samples that count events
+  (`counted=True`: kernel launches, syncs) are resampled like the rest, but a claim decided by counts alone is
+  not timed: load cannot change a count, so a miss there is a miss.
 """
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ class Samples:
 
     values: tuple[float, ...] = field(repr=False)
     busy: float | None = field(default=None, compare=False)  # others' share of the CPU while measured (None: unknown)
+    counted: bool = field(default=False, compare=False)  # counts of events, not clock readings: load cannot move them
 
     def __post_init__(self) -> None:
         if not self.values:
@@ -62,8 +65,8 @@ class Samples:
             raise ValueError("Samples takes finite numbers only")
 
     @classmethod
-    def of(cls, values: Iterable[float], busy: float | None = None) -> "Samples":
-        return cls(tuple(float(v.item() if hasattr(v, "item") else v) for v in values), busy)
+    def of(cls, values: Iterable[float], busy: float | None = None, counted: bool = False) -> "Samples":
+        return cls(tuple(float(v.item() if hasattr(v, "item") else v) for v in values), busy, counted)
 
     @property
     def n(self) -> int:
@@ -89,7 +92,7 @@ class Samples:
 
     def map(self, f: Callable[[float], float]) -> "Samples":
         """The same samples in another unit, e.g. `t.map(lambda ms: labkit.gbps(nbytes, ms))`."""
-        return Samples.of((f(v) for v in self.values), self.busy)
+        return Samples.of((f(v) for v in self.values), self.busy, self.counted)
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,7 @@ def test_the_profile_gives_each_figure_once_per_profiled_step():
     assert p.figure("syncs").median == 1  # loss.item() in every step (on the CPU, the call itself)
     assert p.launches() == pytest.approx(sum(p.figure("launches").values) / 3) and p.launches() > 0
     assert p.figure("pointwise").median > 0 and p.figure("busy_ms").median > 0
+    assert p.figure("launches").counted and not p.figure("busy_ms").counted  # counts are not excused by load
     assert "calls/step" in p.table(3)
 
 

@@ -107,6 +107,19 @@ def test_a_timed_miss_on_a_busy_host_is_inconclusive_and_names_the_load(monkeypa
     assert claims.claim("u", "over 2", holds=False, figures={"x": 1.0})["status"] == "failed"
 
 
+def test_a_miss_on_counts_alone_is_a_failure_however_busy_the_host(monkeypatch):
+    """Load slows clocks, not counts: a claim decided by counted samples (launches per step) that misses FAILED on a
+    busy host; one with a timed figure beside them is INCONCLUSIVE there."""
+    monkeypatch.setattr(claims, "_host_busy", lambda: 0.6)
+    launches = stats.Samples.of([300, 301, 300, 299, 300, 300], counted=True)
+    assert launches.map(lambda v: v / 2).counted  # a count in other units is still a count
+    few = claims.claim("few", "under 100 launches", lambda f: f["launches"] < 100, figures={"launches": launches})
+    assert few["status"] == "failed" and "busy" not in few["note"]
+    mixed = claims.claim("mixed", "under 100 launches in under 1 ms", lambda f: f["launches"] < 100 and f["ms"] < 1,
+                         figures={"launches": launches, "ms": summarize([2.0] * 10)})
+    assert mixed["status"] == "inconclusive" and "other processes used 60%" in mixed["note"]
+
+
 def test_inversion_turns_every_decided_claim_around(monkeypatch):
     monkeypatch.setenv("LABKIT_CLAIMS_INVERT", "1")
     assert claims.claim("a", "holds", holds=True)["status"] == "failed"

@@ -90,6 +90,7 @@ def _busy_ms(rows: list[Row], gpu: bool) -> float:
 
 METRICS = {"syncs": _syncs, "loader_ms": _loader_ms, "h2d_copies": _h2d_copies, "launches": _launches,
            "gemm_ms": _gemm_ms, "softmax_ms": _softmax_ms, "pointwise": _pointwise, "busy_ms": _busy_ms}
+COUNTS = {"syncs", "h2d_copies", "launches", "pointwise"}  # events counted, not timed (labkit.Samples.counted)
 
 
 @dataclass
@@ -119,7 +120,7 @@ class Profile:
 
     def figure(self, metric: str) -> Samples:
         """One value of `metric` per profiled step (syncs, loader_ms, launches, gemm_ms, pointwise, busy_ms, ...)."""
-        return Samples.of(METRICS[metric](rows, self.gpu) for rows in self.windows)
+        return Samples.of((METRICS[metric](rows, self.gpu) for rows in self.windows), counted=metric in COUNTS)
 
     def mean(self, metric: str) -> float:
         return METRICS[metric](self.rows, self.gpu) / self.steps
