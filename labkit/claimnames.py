@@ -38,19 +38,19 @@ def code_cells(path: Path) -> list[str]:
             for c in cells if c.get("cell_type") == "code"]
 
 
-def in_notebook(path: Path) -> list[ClaimName]:
-    """Every claim name a notebook can record, in order, each once."""
+def in_notebook(path: Path, calls: tuple[str, ...] = CALLS) -> list[ClaimName]:
+    """Every claim name a notebook can record, in order, each once (calls=("diagnosis",): its diagnoses' names)."""
     found: dict[str, ClaimName] = {}
     for i, src in enumerate(code_cells(path)):
         try:
             tree = ast.parse(_without_magics(src))
         except SyntaxError as exc:
-            if "claim(" in src:
+            if any(f"{c}(" in src for c in calls):
                 raise UnreadableClaimName(f"{Path(path).name}, code cell {i + 1}: not Python ({exc})") from None
             continue
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         for node in ast.walk(tree):
-            if _is_claim_call(node) and node.args:
+            if _is_call_of(node, calls) and node.args:
                 for name in _names(node.args[0], node, parents, f"{Path(path).name}, code cell {i + 1}"):
                     found.setdefault(name.text, name)
     return list(found.values())
@@ -63,11 +63,11 @@ def _without_magics(src: str) -> str:
     return "\n".join(lines)
 
 
-def _is_claim_call(node: ast.AST) -> bool:
+def _is_call_of(node: ast.AST, calls: tuple[str, ...]) -> bool:
     if not isinstance(node, ast.Call):
         return False
     f = node.func
-    return (isinstance(f, ast.Attribute) and f.attr in CALLS) or (isinstance(f, ast.Name) and f.id in CALLS)
+    return (isinstance(f, ast.Attribute) and f.attr in calls) or (isinstance(f, ast.Name) and f.id in calls)
 
 
 def _literal(text: str) -> ClaimName:

@@ -5,14 +5,13 @@ session ran no notebooks, from running every notebook with LABKIT_CLAIMS_INVERT=
 import ast
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from labkit import claims, reference
+from labkit import claimnames, claims, reference
 from labkit.paths import course_notebooks
 from labkit.tools import nbio
 
@@ -142,22 +141,14 @@ def test_every_claim_fails_when_its_test_is_inverted(inverted):
     assert not cannot_fail, f"{len(cannot_fail)} claim(s) held with their test inverted:\n" + "\n".join(cannot_fail)
 
 
-def _diagnoses_offered(stem: str) -> list[str] | None:
-    """Patterns of the diagnosis names a notebook's source offers (f-string parts match anything); None where one is
-    not a literal name, so that every recorded name counts."""
+def _diagnoses_offered(stem: str) -> list[claimnames.ClaimName] | None:
+    """The diagnosis names a notebook's source offers (read as claim names are); None where one cannot be read
+    statically, so that every recorded name counts."""
     path = next((p for p in NOTEBOOKS if p.stem == stem), None)
-    if path is None:
+    try:
+        return None if path is None else claimnames.in_notebook(path, calls=("diagnosis",))
+    except claimnames.UnreadableClaimName:
         return None
-    patterns = []
-    for call in _calls(path, ("diagnosis",)):
-        first = _arg(call, 0, "name")
-        if isinstance(first, ast.Constant) and isinstance(first.value, str):
-            patterns.append(re.escape(first.value))
-        elif isinstance(first, ast.JoinedStr):
-            patterns.append("".join(re.escape(v.value) if isinstance(v, ast.Constant) else ".+" for v in first.values))
-        else:
-            return None
-    return patterns
 
 
 def test_no_diagnosis_holds_on_every_machine(inverted):
@@ -173,7 +164,7 @@ def test_no_diagnosis_holds_on_every_machine(inverted):
                 offered[stem] = _diagnoses_offered(stem)
             for c in (e.get("claims") or {}).values():
                 for d in c.get("diagnoses") or []:
-                    if offered[stem] is not None and not any(re.fullmatch(p, d["name"]) for p in offered[stem]):
+                    if offered[stem] is not None and not any(n.matches(d["name"]) for n in offered[stem]):
                         continue
                     seen.setdefault((stem, c["name"], d["name"]), []).append(bool(d["holds"]))
 

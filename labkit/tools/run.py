@@ -365,7 +365,12 @@ def main(argv: list[str] | None = None) -> int:
         _require_gpu(run_facts(parameters).get("machine", {}))
     from tqdm.auto import tqdm
 
-    entries = []
+    entries: list[dict] = []
+
+    def summarize() -> None:
+        write_summary(entries, args.output, parameters, {**run_facts(parameters), "shard": args.shard})
+
+    saved = None
     bar = tqdm(notebooks, desc="notebooks", unit="nb")
     for path in bar:
         bar.set_postfix_str(path.name)
@@ -374,9 +379,10 @@ def main(argv: list[str] | None = None) -> int:
         tqdm.write(f"{entry['status']:>6}  {path.name}  {entry['duration_s']:.1f} s"
                    + (f"  {entry['error'][:200]}" if entry["error"] else ""))
         if args.reference:  # saved after each notebook: a batch stopped by a time limit keeps what finished
-            write_summary(entries, args.output, parameters, {**run_facts(parameters), "shard": args.shard})
-            save_reference(args.output, [entry])
-    write_summary(entries, args.output, parameters, {**run_facts(parameters), "shard": args.shard})
+            summarize()
+            saved = save_reference(args.output, [entry])
+    if saved is None:  # a reference batch wrote its summary with its last notebook
+        summarize()
     failed = sum(e["status"] != "ok" for e in entries)
     k = claims_mod.tally({f"{i}:{n}": c for i, e in enumerate(entries) for n, c in e["claims"].items()})
     print(f"{len(entries) - failed} ok, {failed} failed; claims: {k['held']} held, {k['differs']} differ (diagnosed), "
@@ -384,8 +390,8 @@ def main(argv: list[str] | None = None) -> int:
           f"summary in {args.output / 'summary.md'}")
     for nb, c in failed_claims(entries):
         print(f"FAILED CLAIM  {nb}: {c['name']}: expected {c.get('expected')}; {c.get('note', '')}"[:400])
-    if args.reference and entries:
-        print(f"reference run saved in {save_reference(args.output, [])}")
+    if saved is not None:
+        print(f"reference run saved in {saved}")
     if k["failed"] and not args.allow_failed_claims:
         print(f"{k['failed']} claim(s) failed: the run fails (--allow-failed-claims to explore without failing)")
         return 1
