@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from labkit.device import current
-from labkit.timing import Timing, bench, threads
+from labkit.timing import Timing, bench, bench_interleaved, threads
 
 DIRECTIONS = {"h2d": "host->device", "d2h": "device->host", "h2h": "host->host (CPU memcpy)"}
 
@@ -215,6 +215,25 @@ def staging_sweep(sizes: Sequence[int], direction: str, chunk: int = STAGING_CHU
             else:
                 out.append(bench(lambda p=pieces: [h.copy_(r) for h, r in p], device="cpu", **bench_kw))
     return out
+
+
+def pageable_parts(nbytes: int, device: torch.device | str | None = None, chunk: int = STAGING_CHUNK,
+                   rounds: int = 15) -> dict[str, Timing]:
+    """A pageable h2d copy of `nbytes`, a pinned copy of as many bytes and the staging memcpy (one thread, as
+    `staging_sweep`), timed in turns on the host clock, each call synchronized, one sample a round: a pageable
+    copy's model compares the three, and a host's memcpy speed drifts between parts timed at other times."""
+    device = torch.device(device) if device is not None else current().device
+    if device.type != "cuda":
+        raise ValueError(f"pageable_parts needs a CUDA device (pinned memory and a link), got {device}")
+    pageable, on_gpu = copy_buffers(nbytes, "h2d", pinned=False, device=device)
+    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).copy_(pageable)
+    ring = torch.zeros(min(chunk, nbytes), dtype=torch.uint8, pin_memory=True)
+    pieces = staging_pieces(pageable, ring, nbytes)
+    calls = {"pageable": lambda: (on_gpu.copy_(pageable), torch.cuda.synchronize(device)),
+             "pinned": lambda: (on_gpu.copy_(pinned), torch.cuda.synchronize(device)),
+             "staging memcpy": lambda: [r.copy_(h) for h, r in pieces]}
+    with threads(1):  # the staging memcpy's one thread; the copies' host side is the driver's
+        return bench_interleaved(calls, rounds=rounds, device="cpu", flush_cache=False, min_reps=1)
 
 
 def count_wrong(got: torch.Tensor, expected: torch.Tensor) -> int:
