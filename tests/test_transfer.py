@@ -168,6 +168,18 @@ def test_staging_sweep_times_each_size_on_one_thread():
         transfer.staging_sweep([0], "h2d")
 
 
+def test_pageable_parts_times_the_three_parts_in_turns_on_a_gpu_only():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        transfer.pageable_parts(2**12, device="cpu")
+    if not torch.cuda.is_available():
+        pytest.skip("the timed part needs a CUDA GPU (pinned memory and a link)")
+    threads = torch.get_num_threads()
+    parts = transfer.pageable_parts(2**20, device="cuda", rounds=4)
+    assert torch.get_num_threads() == threads
+    assert list(parts) == ["pageable", "pinned", "staging memcpy"]
+    assert all(t.n >= 4 and t.median_ms > 0 for t in parts.values())
+
+
 def test_count_wrong_counts_differences():
     expected = torch.randn(1001, dtype=torch.float64)
     got = expected.clone()
