@@ -387,32 +387,49 @@ def test_triton_stubs_read_as_not_done_yet():
     assert not not_done(UnsupportedLanguageConstruct(src, ast.parse("x = 1").body[0], "other"))
 
 
-def functions_from_edited(path: Path, old: str, new: str, folder: Path) -> dict:
-    """functions_from a copy of the notebook with `old` replaced by `new` in its code."""
+def functions_from_edited(path: Path, old: str, new: str, folder: Path, *more: tuple[str, str]) -> dict:
+    """functions_from a copy of the notebook with `old` replaced by `new` in its code (and each further (old, new)
+    pair in `more`)."""
     nb = json.loads(path.read_text())
     for cell in nb["cells"]:
         src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        cell["source"] = src.replace(old, new)
+        for a, b in [(old, new), *more]:
+            src = src.replace(a, b)
+        cell["source"] = src
     copy = folder / path.name
     copy.write_text(json.dumps(nb))
     return functions_from(copy)
 
 
+# Past this many elements a row or sequence no longer fits one block of the sizes a kernel commonly fixes (64, 128):
+# one that reads a single fixed block and never loops is wrong there (issue 40: row_sum with BLOCK=64 passed visible
+# rows of at most 51 columns). One threshold, not a class per block size, to keep it simple; finer ones (over 16, 32
+# or 64) would also ask flash_attention, update_cache and decode_step for longer visible inputs than they have now.
+ONE_BLOCK = 128
+
+
 def _input_classes(case: dict) -> set:
-    """The classes of input a case exercises: each tensor argument's dtype, its view or layout, causal or not."""
+    """The classes of input a case exercises: each tensor argument's dtype, rank and whether some dimension is longer
+    than ONE_BLOCK; its view or layout, causal or not; for micro-batches, whether micro_batch divides the batch."""
     out = set()
-    for k, v in case["args"].items():
+    args = case["args"]
+    for k, v in args.items():
         if isinstance(v, torch.Tensor):
-            out.add((k, str(v.dtype).removeprefix("torch.")))
+            out |= {(k, str(v.dtype).removeprefix("torch.")), (k, f"{v.dim()}-D")}
+            if any(n > ONE_BLOCK for n in v.shape):
+                out.add((k, f"a dimension over {ONE_BLOCK}"))
         elif k in ("view", "layout", "causal") and v is not None:
             out.add((k, v))
+    if "micro_batch" in args:  # accumulated_grads: an uneven last micro-batch weighs less than the others
+        divides = args["x"].shape[0] % args["micro_batch"] == 0
+        out.add(("micro_batch", "divides the batch" if divides else "leaves a smaller last micro-batch"))
     return out
 
 
 def test_every_visible_check_covers_the_classes_of_the_hidden_cases():
     """A ✓ from a notebook's check means the grader agrees on classes: the hidden cases (solutions/graded; the CPU
-    plan, and the GPU plan where CUDA is) use no dtype, view or layout the visible check lacks (issue 40: 05's check
-    ran one contiguous case)."""
+    plan, and the GPU plan where CUDA is) use no dtype, rank, view, layout, size past a block or uneven micro-batch
+    the visible check lacks (issue 40: 05's check ran one contiguous case, then rows of at most 51 columns)."""
     from labkit.grading.specs import default_seed, load_specs, make_cases
 
     graded = SOLUTIONS / "graded"
@@ -445,3 +462,32 @@ def test_row_sum_check_catches_ignored_strides_and_a_launch_on_a_scratch_buffer(
     assert "x.new_empty(" in (tmp_path / "s" / path.name).read_text()
     assert check.row_sum(lambda x: scratch["row_sum"](x).copy_(x.float().sum(1))) is False  # library's result
     assert f"{LAUNCHED}: expected True, got False" in capsys.readouterr().out
+
+
+# Issue 40's audit: wrong answers that passed the visible checks and failed hidden cases (the released solution with
+# one mistake). Each (old, new) edit; then what the check's output names: the case that catches it.
+WRONG_BEYOND_THE_OLD_VISIBLE_CASES = {
+    "causal_mask": ("01_device_placement", [("t = x.shape[-2]", "t = x.shape[1]")], "x of shape (4, 6)"),
+    "row_sum": ("05_triton_row_sum", [("block = min(1024, max(16, triton.next_power_of_2(cols)))", "block = 64"),
+                                      ("range(0, n_cols, BLOCK):", "range(0, BLOCK, BLOCK):")],  # one block, no loop
+                "x: contiguous of shape (3, 200)"),
+    "accumulated_grads": ("08_data_parallel", [("* (xs.shape[0] / x.shape[0])", "/ -(-x.shape[0] // micro_batch)")],
+                          "a batch of 11 in micro-batches of 4"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_BEYOND_THE_OLD_VISIBLE_CASES))
+def test_visible_checks_catch_a_wrong_rank_a_single_block_and_equal_micro_batch_weights(name, capsys, tmp_path):
+    """causal_mask taking T from x.shape[1] (right for 3-D input only), row_sum summing one fixed block of 64 columns
+    without a loop, accumulated_grads weighing each micro-batch's loss 1/n_micro (right when micro_batch divides the
+    batch): each passed 3D-only, at-most-51-column, even-batch visible checks. The released solution still passes."""
+    stem, edits, caught_by = WRONG_BEYOND_THE_OLD_VISIBLE_CASES[name]
+    path = SOLUTIONS / f"{stem}.ipynb"
+    assert check.run_check(name, functions_from(path)[name]) is True
+    capsys.readouterr()
+    text = "\n".join(code_of(json.loads(path.read_text())))
+    assert all(old in text for old, _ in edits), "the solution changed: update the edits above"
+    wrong = functions_from_edited(path, *edits[0], tmp_path, *edits[1:])[name]
+    assert check.run_check(name, wrong) is False
+    out = capsys.readouterr().out
+    assert f"✗ {name}, on {caught_by}" in out and "Traceback" not in out, out

@@ -42,9 +42,12 @@ def causal_mask_case(x: torch.Tensor, device: str) -> dict:
 
 
 def visible_causal_mask() -> list[dict]:
+    """A 3-D input on each device, then 2-D and 4-D ones (the hidden cases' ranks): T is x.shape[-2], whatever the rank,
+    and no dimension but that one has T's size here."""
     g = torch.Generator().manual_seed(1)
     devices = [str(here())] + (["meta"] if here().type == "cpu" else [])
-    return [causal_mask_case(torch.randn(2, 5, 3, generator=g), dev) for dev in devices]
+    cases = [causal_mask_case(torch.randn(2, 5, 3, generator=g), dev) for dev in devices]
+    return cases + [causal_mask_case(torch.randn(shape, generator=g), str(here())) for shape in [(4, 6), (2, 3, 6, 2)]]
 
 
 def call_to_device(fn, args):

@@ -36,13 +36,14 @@ def row_sum_case(about: str, base: torch.Tensor, view_name: str | None, device: 
 
 def visible_row_sum() -> list[dict]:
     """The classes of the hidden cases (contiguous, every other column, a slice of rows, transposed; float32,
-    float16, bfloat16; odd sizes), with other sizes and values: a kernel ignoring stride_col fails here."""
+    float16, bfloat16; odd sizes; a row longer than a block of 128), with other sizes and values: a kernel ignoring
+    stride_col fails here, and so does one that sums a single fixed block of columns without a loop."""
     g = torch.Generator().manual_seed(5)
     dev = str(here())
     cases = []
     for shape, dtype, name in [((4, 37), torch.float32, None), ((5, 51), torch.float16, None),
                                ((7, 33), torch.float32, "cols_step2"), ((4, 26), torch.bfloat16, "row_slice"),
-                               ((21, 5), torch.float32, "transposed")]:
+                               ((21, 5), torch.float32, "transposed"), ((3, 200), torch.float32, None)]:
         base = torch.randn(shape, generator=g).to(dtype)
         x = view(base, name)
         cases.append(row_sum_case(f"x: {name or 'contiguous'} of shape {tuple(x.shape)}, {dtype}, on {dev}", base,

@@ -55,11 +55,16 @@ def accumulated_grads_case(about: str, sizes: list[int], state: dict, x: torch.T
 
 
 def visible_accumulated_grads() -> list[dict]:
+    """A batch that micro_batch divides, and one it does not (the hidden cases have both): the last micro-batch of 11
+    rows in 4s has 3, so each micro-batch's loss weighs its share of the rows, not 1/3."""
     g = torch.Generator().manual_seed(7)
     dev = str(here())
     state = mlp_state(g, [3, 5, 2])
     x, y = torch.randn(8, 3, generator=g), torch.randn(8, 2, generator=g)
-    return [accumulated_grads_case(f"a batch of 8 in micro-batches of 4, on {dev}", [3, 5, 2], state, x, y, 4, dev)]
+    cases = [accumulated_grads_case(f"a batch of 8 in micro-batches of 4, on {dev}", [3, 5, 2], state, x, y, 4, dev)]
+    x, y = torch.randn(11, 3, generator=g), torch.randn(11, 2, generator=g)
+    return cases + [accumulated_grads_case(f"a batch of 11 in micro-batches of 4 (the last one 3 rows), on {dev}",
+                                           [3, 5, 2], state, x, y, 4, dev)]
 
 
 FUNCTIONS = [
