@@ -140,7 +140,7 @@ def test_bucket_sweep_and_trace(two_process_run, tmp_path_factory):
     assert tr["allreduce"] and tr["compute"], tr
     for a, b in tr["allreduce"] + tr["compute"]:
         assert 0 <= a <= b
-    assert len(tr["leads_ms"]) == 6 and tr["bucket_bytes"] == two_process_run["throughput"]["bucket_bytes"]
+    assert len(tr["leads_ms"]) == 12 and tr["bucket_bytes"] == two_process_run["throughput"]["bucket_bytes"]
 
 
 def test_intervals_classify_gpu_kernels_and_cpu_ops():

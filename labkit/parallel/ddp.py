@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=20, help="timed training steps")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before the timed ones")
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size (MB)")
+    ap.add_argument("--autocast", choices=("none", "bf16"), default="none",
+                    help="the timed steps' forward under bf16 autocast (parameters and gradients stay fp32); the "
+                         "correctness check always runs in fp32")
     ap.add_argument("--allreduce-bytes", type=str, default="",
                     help="comma-separated message sizes in bytes for the all-reduce sweep ('' skips it)")
     ap.add_argument("--allreduce-iters", type=int, default=10, help="timed all-reduces per size and repeat")

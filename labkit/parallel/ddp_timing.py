@@ -53,6 +53,14 @@ def bucket_comm_fn(sizes: list[int], world: int, device: torch.device):
     return start, finish
 
 
+def loss_of(model, x: torch.Tensor, y: torch.Tensor, args) -> torch.Tensor:
+    """The MSE loss of model(x): with --autocast bf16 its forward runs in bf16 (autocast), as mixed-precision
+    training does, while the parameters, and so the gradients DDP all-reduces, stay fp32."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=getattr(args, "autocast", "none") == "bf16"):
+        out = model(x)
+    return F.mse_loss(out.float(), y)
+
+
 def _ms(seconds: list[float]) -> list[float]:
     return [s * 1e3 for s in seconds]
 
@@ -71,7 +79,7 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
 
     def plain_step():
         plain_opt.zero_grad(set_to_none=True)
-        F.mse_loss(plain(x), y).backward()
+        loss_of(plain, x, y, args).backward()
         plain_opt.step()
 
     def compute():   # the DDP step without its communication: inside no_sync, DDP's hooks return at once
@@ -111,7 +119,7 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
     def backward_alone():
         local.zero_grad(set_to_none=True)
         with local.no_sync():
-            loss = F.mse_loss(local(x), y)   # forward untimed
+            loss = loss_of(local, x, y, args)   # forward untimed
             return timed_on_slowest_rank(loss.backward, 1, device)
 
     for _ in range(args.warmup):
@@ -139,12 +147,12 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
     # parallel, plus an all-reduce) vs accumulation (every micro-batch in turn on rank 0, no talk)
     def ddp_grad():
         ddp.zero_grad(set_to_none=True)
-        F.mse_loss(ddp(x), y).backward()
+        loss_of(ddp, x, y, args).backward()
 
     def accum_grad():
         single.zero_grad(set_to_none=True)
         for _ in range(world):
-            (F.mse_loss(single(x), y) / world).backward()
+            (loss_of(single, x, y, args) / world).backward()
 
     reps = max(5, args.steps // 2)
     ddp_times = [timed_on_slowest_rank(ddp_grad, 1, device) for _ in range(reps)]
@@ -181,7 +189,7 @@ def _ddp_step_fn(args, rank: int, device: torch.device, bucket_cap_mb: float, da
 
     def step():
         opt.zero_grad(set_to_none=True)
-        F.mse_loss(ddp(x), y).backward()
+        loss_of(ddp, x, y, args).backward()
         opt.step()
 
     return ddp, step, x, y
@@ -215,7 +223,7 @@ def is_allreduce(name: str, on_gpu: bool) -> bool:
     return "allreduce" in low and "nccl" in low if on_gpu else low == "gloo:all_reduce"
 
 
-def trace_steps(args, rank: int, device: torch.device, path: Path, steps: int = 6) -> dict:
+def trace_steps(args, rank: int, device: torch.device, path: Path, steps: int = 12) -> dict:
     """Profile a few DDP steps; rank 0 writes a Chrome trace to `path` and returns the intervals (us) of backward's
     compute and of the all-reduces in the last profiled step, and for every profiled step how long backward's
     compute went on after the first all-reduce started (`leads_ms`: negative when it started after)."""
