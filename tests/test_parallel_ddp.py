@@ -141,6 +141,8 @@ def test_bucket_sweep_and_trace(two_process_run, tmp_path_factory):
     for a, b in tr["allreduce"] + tr["compute"]:
         assert 0 <= a <= b
     assert len(tr["leads_ms"]) == 12 and tr["bucket_bytes"] == two_process_run["throughput"]["bucket_bytes"]
+    busy = tr["compute_busy_ms"]   # the compute's own time in each profiled step, with and without communication
+    assert set(busy) == {"ddp", "no_sync"} and all(len(v) == 12 and min(v) > 0 for v in busy.values()), busy
 
 
 def test_intervals_classify_gpu_kernels_and_cpu_ops():

@@ -226,24 +226,35 @@ def is_allreduce(name: str, on_gpu: bool) -> bool:
 def trace_steps(args, rank: int, device: torch.device, path: Path, steps: int = 12) -> dict:
     """Profile a few DDP steps; rank 0 writes a Chrome trace to `path` and returns the intervals (us) of backward's
     compute and of the all-reduces in the last profiled step, and for every profiled step how long backward's
-    compute went on after the first all-reduce started (`leads_ms`: negative when it started after)."""
+    compute went on after the first all-reduce started (`leads_ms`: negative when it started after). Then as many
+    steps without communication (under no_sync): `compute_busy_ms` holds, per step, the time the compute kernels
+    (on a CPU: backward's ops) ran in either kind of step, so that what the all-reduces running beside them cost
+    the compute shows."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     ddp, step, _, _ = _ddp_step_fn(args, rank, device, args.bucket_cap_mb)
-    for _ in range(max(3, args.warmup + 1)):
-        step()
-    sync(device)
+
+    def quiet_step():
+        with ddp.no_sync():
+            step()
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        for i in range(steps):
-            with record_function(f"step {i}"):
-                step()
-            sync(device)
+    profiled = {}
+    for kind, fn in (("ddp", step), ("no_sync", quiet_step)):
+        for _ in range(max(3, args.warmup + 1)):
+            fn()
+        sync(device)
+        with profile(activities=activities) as prof:
+            for i in range(steps):
+                with record_function(f"step {i}"):
+                    fn()
+                sync(device)
+        profiled[kind] = prof
     found = {}
     if rank == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(path))
-        events = prof.events()
+        profiled["ddp"].export_chrome_trace(str(path))
+        events = profiled["ddp"].events()
         found = intervals(events, device.type)
         found["leads_ms"] = []
         for i in range(steps):
@@ -251,6 +262,12 @@ def trace_steps(args, rank: int, device: torch.device, path: Path, steps: int = 
             if one["compute"] and one["allreduce"]:
                 lead = max(c[1] for c in one["compute"]) - min(c[0] for c in one["allreduce"])
                 found["leads_ms"].append(lead / 1e3)
+        found["compute_busy_ms"] = {}
+        for kind, prof in profiled.items():
+            kind_events = prof.events() if kind != "ddp" else events
+            busy = [sum(b - a for a, b in intervals(kind_events, device.type, which=i)["compute"]) / 1e3
+                    for i in range(steps)]
+            found["compute_busy_ms"][kind] = [b for b in busy if b > 0]
         found["bucket_bytes"] = bucket_bytes(ddp)
     import torch.distributed as dist
     dist.barrier()
