@@ -1,9 +1,12 @@
 """Hostile submissions against what judges a timed exercise (labkit.exercises.integrity): rebinding the grader's
 timers or baseline, slowing the baseline through hooks, tracers, anomaly mode or a thread, leaving a torch mode on.
 None may gain a point: the timed call is refused, or the baseline runs as it would have without the notebook."""
+import csv
+import json
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,9 @@ import torch.nn.functional as F
 from labkit.exercises import ex11_profiling as ex11
 from labkit.exercises import ex13_capstone as ex13
 from labkit.exercises import integrity
+from labkit.grading.cli import GradeConfig, grade
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TINY = {"model": {"seq": 16, "d_model": 32, "heads": 2, "layers": 1}, "batch": 4, "steps": 10, "windows": 16}
 
@@ -168,3 +174,33 @@ def test_rebinding_module_init_after_compile_is_still_tampering(captured):
             integrity.check("after a timed round")
     finally:
         torch.nn.Module.__init__ = init
+
+
+# exercise 05's launch check judges in the student's process (labkit.exercises.launches): rebinding its helpers,
+# in a cell or during the call, would make the library's sum pass as the notebook's kernel
+REBIND = "import labkit.exercises.launches as L\nL.touched = lambda *a, **k: True\nL.produced = lambda *a, **k: True\n"
+HOSTILE_05 = {
+    "rebinder": REBIND + "def row_sum(x):\n    return x.float().sum(1)\n",
+    "midcall": "def row_sum(x):\n" + "".join(f"    {line}\n" for line in REBIND.splitlines())
+               + "    return x.float().sum(1)\n",
+}
+
+
+def test_rebinding_the_launch_observer_scores_zero_on_row_sum(tmp_path, grader_sandbox_flags):
+    subs = tmp_path / "subs"
+    for who, extra in {"honest": None, **HOSTILE_05}.items():
+        nb = json.loads((ROOT / "solutions" / "05_triton_row_sum.ipynb").read_text())
+        if extra:  # after the solution's cells: its @triton.jit kernel is still there, never launched
+            nb["cells"].append({"cell_type": "code", "id": "hostile", "metadata": {}, "outputs": [],
+                                "execution_count": None, "source": extra})
+        (subs / who).mkdir(parents=True)
+        (subs / who / "05_triton_row_sum.ipynb").write_text(json.dumps(nb))
+    grade(GradeConfig(subs, tmp_path / "out", device="cpu", only=["05_triton_row_sum"], timeout=120, workers=2,
+                      memo="off", unsafe_no_sandbox=bool(grader_sandbox_flags)))
+    with open(tmp_path / "out" / "grades.csv", newline="") as f:
+        rows = {r["student"]: r for r in csv.DictReader(f)}
+    assert float(rows["honest"]["row_sum"]) == 2, rows["honest"]
+    for who in HOSTILE_05:
+        assert float(rows[who]["row_sum"]) == 0, rows[who]
+        assert "rebound the grader's labkit.exercises.launches." in (tmp_path / "out" / "feedback" /
+                                                                     f"{who}.md").read_text()

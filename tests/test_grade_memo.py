@@ -136,3 +136,32 @@ def test_the_store_may_not_overlap_the_submissions(tmp_path):
     (tmp_path / "subs" / "ann").mkdir(parents=True)
     with pytest.raises(GradeError, match="overlap"):
         grade(GradeConfig(tmp_path / "subs", tmp_path / "out", device="cpu", memo=tmp_path / "subs" / "store"))
+
+
+def test_an_outcome_the_graders_own_failure_decided_is_not_stored(tmp_path, monkeypatch, grader_sandbox_flags):
+    """The workload the grader serves failing (as its baseline's process may) is the grader's fault: that outcome is
+    never stored, and a later healthy grading of the same code measures it again."""
+    from labkit.exercises import ex03_timing
+
+    store, unsafe = tmp_path / "store", bool(grader_sandbox_flags)
+    (tmp_path / "subs" / "ann").mkdir(parents=True)
+    (tmp_path / "subs" / "ann" / "03_timing.ipynb").write_text((ROOT / "solutions" / "03_timing.ipynb").read_text())
+
+    def run(out: str) -> dict:
+        grade(GradeConfig(tmp_path / "subs", tmp_path / out, device="cpu", only=["03_timing"], timeout=120,
+                          memo=store, unsafe_no_sandbox=unsafe, workers=1))
+        return _rows(tmp_path / out)["ann"]
+
+    class Broken:
+        def __init__(self, **plan):
+            raise OSError("simulated: the grader's workload could not start")
+
+    with monkeypatch.context() as m:
+        m.setattr(ex03_timing, "Workload", Broken)  # in the parent: rounds.Driver serves it
+        failed = run("g1")
+    assert float(failed["median_ms"]) == 0, failed
+    assert not list(store.glob("*.json"))  # nothing stored for the notebook
+    healthy = run("g2")
+    assert "identical code graded before" not in healthy["notes"], healthy
+    assert float(healthy["median_ms"]) == 1, healthy
+    assert len(list(store.glob("*.json"))) == 1  # measured by a healthy grader: stored now

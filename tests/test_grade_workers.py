@@ -2,6 +2,7 @@
 `labkit grade` refusing more workers than that allows unless told to share (--share-gpus, --share-cores)."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,35 @@ def test_the_grading_child_runs_on_its_workers_cores_only(tmp_path, grader_sandb
                            + "]")) for s in ("ann", "bo")]
     assert seen[0] and seen[1] and not seen[0] & seen[1], seen
     assert seen[0] | seen[1] <= os.sched_getaffinity(0)
+
+
+def test_a_cell_that_widens_its_cores_is_pinned_back_from_outside(tmp_path, grader_sandbox_flags):
+    """The child's pinning is its own call, which student code can undo: the watchdog sets it back, and says so."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    notebook = json.loads((ROOT / "exercises" / "01_device_placement.ipynb").read_text())
+    notebook["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                              "id": "widen", "source": (
+                                  "import os, threading, time\nmine = sorted(os.sched_getaffinity(0))\n"
+                                  "def widen():\n    os.sched_setaffinity(0, set(range(os.cpu_count())))\n"
+                                  "    time.sleep(1.0)\n    seen.append(sorted(os.sched_getaffinity(0)))\n"
+                                  "seen = []\nt = threading.Thread(target=widen)\nt.start()\n"  # a thread's own
+                                  "os.sched_setaffinity(0, set(range(os.cpu_count())))\n"
+                                  "wide = sorted(os.sched_getaffinity(0))\ntime.sleep(1.0)\nt.join()\n"
+                                  "then = sorted(os.sched_getaffinity(0))\n"
+                                  "raise RuntimeError(f'cores {mine} wide {wide} then {then} thread {seen[0]}')")})
+    for student in ("ann", "bo"):
+        (subs / student).mkdir(parents=True)
+        (subs / student / "01_device_placement.ipynb").write_text(json.dumps(notebook))
+    grade(GradeConfig(subs, out, workers=2, device="cpu", timeout=60, memo="off",
+                      unsafe_no_sandbox=bool(grader_sandbox_flags)))
+    for student in ("ann", "bo"):
+        feedback = (out / "feedback" / f"{student}.md").read_text()
+        found = re.search(r"RuntimeError: cores (\[[\d, ]*\]) wide (\[[\d, ]*\]) then (\[[\d, ]*\]) "
+                          r"thread (\[[\d, ]*\])", feedback)
+        assert found, feedback
+        mine, wide, then, thread = (json.loads(g) for g in found.groups())
+        assert len(wide) > len(mine), feedback  # the widening itself worked: one call undoes the child's pinning
+        assert then == thread == mine, feedback  # ...and within a second the parent had set it back, every thread
+        assert f"widened its CPU affinity; it was pinned back to cores {mine}" in feedback, feedback

@@ -1,11 +1,12 @@
 """What judges a timed exercise, held as it was before student code ran. Used by: labkit.grading.child and the
-timed exercises (ex03_timing, ex11_profiling, ex13_capstone).
+timed exercises (ex03_timing, ex11_profiling, ex13_capstone); `check_observers()` holds the launch observer of the
+untimed Triton exercises the same way.
 
 `capture()` (in the grading child, before the notebook's cells run) records the grader's helpers (every function
-and class of the judging modules, and the functions of their classes), the torch functions the baseline calls, and
-the process state a baseline is timed under. `changed()` names what a notebook rebound since; `clean()` runs the
-baseline under the captured state (hooks, modes, anomaly mode, profilers, tracers cleared; the notebook's state
-restored after) and refuses to time it while a thread the notebook started is alive.
+and class of the judging modules and the launch observer, and the functions of their classes), the torch functions
+the baseline calls, and the process state a baseline is timed under. `changed()` names what a notebook rebound
+since; `clean()` runs the baseline under the captured state (hooks, modes, anomaly mode, profilers, tracers cleared;
+the notebook's state restored after) and refuses to time it while a thread the notebook started is alive.
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ from labkit import compat
 JUDGING = ("labkit.exercises.ex03_timing", "labkit.exercises.ex11_profiling", "labkit.exercises.ex13_capstone",
            "labkit.exercises.speed", "labkit.exercises.integrity", "labkit.exercises.observe", "labkit.timing",
            "labkit.capstone.model", "labkit.capstone.train", "labkit.capstone.data", "torch.nn.functional")
+# What judges an untimed function from inside its call: the Triton launch observer (exercises 05, 09), whose
+# `touched`/`produced` a notebook could otherwise rebind to say its kernel ran
+OBSERVERS = ("labkit.exercises.launches",)
 CLASSES = (torch.Tensor, torch.nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader)
 HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
          "_global_backward_pre_hooks", "_global_module_registration_hooks", "_global_parameter_registration_hooks",
@@ -40,14 +44,16 @@ _threads: set[int] = set()
 
 
 def _held(ns: object) -> dict[str, object]:
-    return {k: v for k, v in list(vars(ns).items())
-            if callable(v) or isinstance(v, (staticmethod, classmethod, property))}
+    # the observer's strings too: its LABKIT_DIR decides which kernels are the notebook's own
+    kinds = (staticmethod, classmethod, property) + ((str,) if getattr(ns, "__name__", None) in OBSERVERS else ())
+    return {k: v for k, v in list(vars(ns).items()) if callable(v) or isinstance(v, kinds)}
 
 
-def _namespaces() -> Iterator[tuple[str, object]]:
+def _namespaces(modules: tuple[str, ...] = JUDGING + OBSERVERS,
+                classes: tuple[type, ...] = CLASSES) -> Iterator[tuple[str, object]]:
     """The judging modules, their own classes, and torch's classes the baseline runs on (every base of each)."""
-    classes = list(CLASSES)
-    for name in JUDGING:
+    classes = list(classes)
+    for name in modules:
         mod = importlib.import_module(name)
         yield name, mod
         classes += [v for v in vars(mod).values() if isinstance(v, type) and v.__module__ == name]
@@ -107,11 +113,20 @@ def capture() -> None:
     _threads.update(t.ident for t in threading.enumerate())
 
 
-def changed() -> list[str]:
+def capture_observers() -> None:
+    """Record only the launch observer (OBSERVERS), before any student code runs: where nothing is timed, the rest
+    of capture() (importing every judging module) is time no check needs."""
+    for where, ns in _namespaces(OBSERVERS, ()):
+        _pinned.setdefault(where, (ns, _held(ns)))
+
+
+def changed(within: tuple[str, ...] | None = None) -> list[str]:
     """The judging functions, classes and methods the notebook rebound, removed or (on a class) shadowed since
-    `capture()`."""
+    `capture()` (`within`: only in these modules and their classes)."""
     out = []
     for where, (ns, held) in _pinned.items():
+        if within is not None and not any(where == m or where.startswith(m + ".") for m in within):
+            continue
         now = _held(ns)
         out += [f"{where}.{k}" for k, v in held.items() if now.get(k, _MISSING) is not v]
         if isinstance(ns, type):
@@ -144,6 +159,15 @@ def check(when: str) -> None:
         problems.append("a profiler it started was still on")
     if problems:
         raise Tampered(f"{when}: {'; '.join(problems)}. Nothing a notebook does may change how the grader times it")
+
+
+def check_observers(when: str) -> None:
+    """Tampered when the notebook rebound what observes an untimed call (OBSERVERS); nothing else of its process
+    state is held against an untimed function."""
+    if _pinned and (names := changed(OBSERVERS)):
+        raise Tampered(f"{when}: the notebook rebound the grader's {', '.join(names[:4])}"
+                       + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+                       + ". Nothing a notebook does may change how the grader observes its call")
 
 
 @contextmanager

@@ -77,9 +77,10 @@ def _describer(describe_error: Callable[[BaseException], str]) -> Callable[[Base
 
 
 def _grade_function(ns: dict, name: str, call: Callable, todo: list[dict], timeout: float, describe,
-                    timed: bool = False) -> list[dict]:
+                    timed: bool = False, observed: bool = False) -> list[dict]:
     """Call the student's `name` on each case under one alarm; one result per case. A timed function's result
-    counts only when nothing that judges it was changed, before or after its call (labkit.exercises.integrity)."""
+    counts only when nothing that judges it was changed, before or after its call, an `observed` one's (a `prepare`
+    hook: e.g. the launch observer) only when the observer was not (labkit.exercises.integrity)."""
     fn, out = ns.get(name), []
     if not callable(fn):
         why = (f"{name} is not defined in the notebook (was it renamed, or did its cell fail?)"
@@ -92,9 +93,13 @@ def _grade_function(ns: dict, name: str, call: Callable, todo: list[dict], timeo
                 with answers.grading(name):  # labkit's own answer to `name` refuses to run now
                     if timed:
                         integrity.check(f"before {name} was graded")
+                    elif observed:
+                        integrity.check_observers(f"before {name} was graded")
                     obs = call(fn, case["args"])
                     if timed:
                         integrity.check(f"after {name} was graded")
+                    elif observed:  # rebound during the call: the observer's verdict in `obs` is not its own
+                        integrity.check_observers(f"after {name} was graded")
                     out.append({"obs": obs})
             except ExerciseTimeout:
                 raise
@@ -203,7 +208,9 @@ def main(in_dir: str, out_dir: str) -> None:
     signal.signal(signal.SIGALRM, _on_alarm)
     install_guard(job["forbidden"], job["allowed"])
     if any(f.timed for f in fns.values()):
-        integrity.capture()  # the judging code and process state, as they are before student code
+        integrity.capture()  # the judging code (the launch observer too) and process state, before student code
+    elif any(f.prepare is not None for f in fns.values()):
+        integrity.capture_observers()  # what observes an untimed call (the Triton launch observer)
 
     def ask() -> dict:
         """A served workload's call (labkit.exercises.spec.Served): a frame to the parent, its answer from stdin."""
@@ -246,7 +253,8 @@ def main(in_dir: str, out_dir: str) -> None:
                               lambda r: rounds.write_all(reply_fd, rounds.encode_reply(r, save), write), ask)
                 emit(ev="fn_done", nb=nb["name"], fn=name)
                 continue
-            results = _grade_function(ns, name, callers[name], todo, limit, describe, fns[name].timed)
+            results = _grade_function(ns, name, callers[name], todo, limit, describe, fns[name].timed,
+                                      fns[name].prepare is not None)
             try:
                 mac = seal.write(key, out_dir, name, {"cases": results}, save, replace)
             except BaseException as exc:

@@ -4,8 +4,9 @@ graders at once, it is graded.
 
 A key is the sha256 of the grader's fingerprint (labkit's and the graded tests' source, the seed, the device and its
 name, the limits) and one notebook's code cells and graded functions. A notebook whose functions all ran to a
-verdict (no crash, no time-out, nothing cut short) stores their outcomes in one JSON file per key; graders that
-share a store hold a lock per key while they grade it, so concurrent graders measure identical work once.
+verdict (no crash, no time-out, nothing cut short, no failure of the grader's own such as its baseline's process
+failing) stores their outcomes in one JSON file per key; graders that share a store hold a lock per key while they
+grade it, so concurrent graders measure identical work once.
 """
 from __future__ import annotations
 

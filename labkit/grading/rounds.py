@@ -32,6 +32,7 @@ from labkit import proctree
 from labkit.exercises import speed
 from labkit.exercises.spec import Served
 from labkit.grading.seal import frame
+from labkit.grading.supervise import pin_tree
 
 MAX_REPLY_BYTES = 64 * 2**20
 # A served workload's call (labkit.exercises.spec.Served): a frame header no reply can have, with no body, so the
@@ -211,7 +212,8 @@ class Baseline:
 
 class Driver:
     """The paired rounds of every `rounds` function a grading child serves: started by its `rounds` event, run in a
-    thread of the watchdog's process; `results[function]` holds one result per case ({"obs": ...} or why none)."""
+    thread of the watchdog's process; `results[function]` holds one result per case ({"obs": ...} or why none);
+    `failed` the functions whose results the grader's own failure decided (never stored: graded again next time)."""
 
     def __init__(self, specs: dict, device: str, env: dict, cpus: list[int] | None, limit_s: Callable[[str], float],
                  log: Path, guard: tuple[list[str], list[str]] | None = None, gpu_shared: bool = False):
@@ -220,6 +222,7 @@ class Driver:
         self.guard = guard  # the child's audit hook (forbidden, allowed), installed in the baseline's process too
         self.results: dict[str, list[dict]] = {}
         self.incidents: list[str] = []
+        self.failed: set[str] = set()
         self._threads: list[threading.Thread] = []
         self.read_fd, self.write_fd = os.pipe()  # the child's replies; write_fd goes to it (pass_fds)
 
@@ -259,11 +262,13 @@ class Driver:
             blame = not self.gpu_shared
             if self.device == "cuda" and not _wait_for_idle_gpu(base.side, -1, blame=False, wait_s=START_IDLE_WAIT_S):
                 blame = False  # busy before any round: not the student's doing that anyone can tell
+                self.failed.add(fn)  # timings the grader cannot vouch for: measured again, never stored
                 self.incidents.append(f"{fn}: the GPU was still busy {START_IDLE_WAIT_S:g} s after the student's "
                                       f"process was stopped, before its rounds: its timings may be off")
             for case in spec.cases:
                 self.results[fn].append(self._case(rounds, case["args"], child, base, proc, limit, blame))
         except Exception as exc:  # the grader's own failure (its baseline process): said, and no points lost silently
+            self.failed.add(fn)
             what = "workload could not be served" if isinstance(rounds, Served) else "baseline could not be timed"
             self.incidents.append(f"{fn}: the grader's {what} ({type(exc).__name__}: {exc})")
             self.results[fn] += [{"error": f"not graded: the grader's {what.split(' could')[0]} failed (see the "
@@ -273,6 +278,13 @@ class Driver:
             signal_tree(proc.pid, signal.SIGCONT)
             if base is not None:
                 base.close()
+
+    def _pinner(self, proc: subprocess.Popen) -> Callable[[], None]:
+        """Set the student's processes back on the worker's cores (supervise.pin_tree), saying so once."""
+        def pin() -> None:
+            if (widened := pin_tree(proc.pid, self.cpus)) and widened not in self.incidents:
+                self.incidents.append(widened)
+        return pin
 
     def _served(self, served: Served, args: dict, child: Side, proc: subprocess.Popen, limit: float) -> dict:
         """One case of a served function: a round per run plan, each run's asks answered by a fresh server (again,
@@ -284,7 +296,8 @@ class Driver:
                 for _ in range(max(1, served.attempts)):
                     server, n = served.server(plan), n + 1
                     req = {"round": n, "kind": "round", "args": served.for_child(plan)}
-                    reply = _ask_student(proc, child, [req, {"round": n, "kind": "check"}], t_end, server.answer)[1]
+                    reply = _ask_student(proc, child, [req, {"round": n, "kind": "check"}], t_end, server.answer,
+                                         self._pinner(proc))[1]
                     if not server.retry():
                         break
                 observed.append(reply["obs"])
@@ -313,7 +326,8 @@ class Driver:
                     base_s.append(seconds)
                     continue
                 # then, untimed, the child's own check that nothing judging it was changed
-                seconds, reply = _ask_student(proc, child, [req, {"round": i, "kind": "check"}], t_end)
+                seconds, reply = _ask_student(proc, child, [req, {"round": i, "kind": "check"}], t_end,
+                                              pin=self._pinner(proc))
                 obs.append(reply["obs"])
                 mine_s.append(seconds)
             return base_s[-1], mine_s[-1]
@@ -322,7 +336,8 @@ class Driver:
             speed.paired_rounds(pair, thresholds, least, most)
             after = None
             if rounds.after is not None:  # untimed, in the student's process, once the rounds are over
-                after = _ask_student(proc, child, [{"round": len(obs), "kind": "after", "args": args}], t_end)[1]["obs"]
+                after = _ask_student(proc, child, [{"round": len(obs), "kind": "after", "args": args}], t_end,
+                                     pin=self._pinner(proc))[1]["obs"]
         except Stopped as stop:
             return stop.result
         return {"obs": rounds.result(args, obs, mine_s, base_s, after)}
@@ -351,10 +366,12 @@ def _wait_for_idle_gpu(base: Side, i: int, blame: bool = True, wait_s: float | N
 
 
 def _ask_student(proc: subprocess.Popen, child: Side, requests: list[dict], t_end: float,
-                 on_ask: Callable[[], dict] | None = None) -> tuple[float, dict]:
-    """The student's processes started, `requests` answered in turn (each must succeed; asks meanwhile get
-    on_ask's answer), stopped again; (the first request's seconds, its reply). Stopped, with the function's result,
-    when a reply is not an observation."""
+                 on_ask: Callable[[], dict] | None = None, pin: Callable[[], None] | None = None) -> tuple[float, dict]:
+    """The student's processes started (`pin`ned first: back on their cores, however their last round widened
+    them), `requests` answered in turn (each must succeed; asks meanwhile get on_ask's answer), stopped again; (the
+    first request's seconds, its reply). Stopped, with the function's result, when a reply is not an observation."""
+    if pin is not None:  # the watchdog's tick re-pins too, but a widening just before this round would reach it
+        pin()
     signal_tree(proc.pid, signal.SIGCONT)
     try:
         answered = []

@@ -103,13 +103,14 @@ def _plan(ctx: Context, report: StudentReport, paths: list[Path]) -> list[dict]:
 
 def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device: str, report: StudentReport,
                    cpus: list[int] | None = None, tag: str = "",
-                   labkit_copy: Path | None = None) -> tuple[dict[str, tuple | list], dict[str, str]]:
+                   labkit_copy: Path | None = None) -> tuple[dict[str, tuple | list], dict[str, str], set[str]]:
     """Run the notebooks in a child (pinned to `cpus`, seeing `labkit_copy` as labkit), again after a death for
     what is left; ((results file, key, seal) per function, or its results where the parent timed its rounds; why
-    some have none)."""
+    some have none; the functions whose results the grader's own failure decided)."""
     by_name = {s.name: s for specs in ctx.specs.values() for s in specs}
     results: dict[str, tuple | list] = {}
     died: dict[str, str] = {}  # function -> why it has no result
+    failed: set[str] = set()  # the grader's own failure (rounds.Driver.failed): an outcome not worth storing
     remaining, launch = [j for j in jobs if j["functions"]], 0
     while remaining:
         launch += 1
@@ -130,7 +131,7 @@ def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device
         key = seal.new_key()
         events, killed, rc = supervise.launch(ctx.box, "labkit.grading.child", run, work, env, ctx.limits,
                                               120 + ctx.timeout * len(remaining), ctx.timeout, key, labkit_copy,
-                                              _frames(cases, remaining), driver)
+                                              _frames(cases, remaining), driver, cpus, report.incidents)
         names = {j["name"] for j in remaining}
         events = [ev for ev in events if ev.get("nb") in names]  # the child's word, about what it was given only
         asked = {fn for j in remaining for fn in j["functions"]}
@@ -139,6 +140,7 @@ def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device
         if driver is not None:
             results.update({fn: got for fn, got in driver.results.items() if len(got) == len(served[fn].cases)})
             report.incidents += driver.incidents
+            failed |= driver.failed
         done = {ev.get("nb") for ev in events if ev.get("ev") == "nb_done"}
         started = [ev.get("nb") for ev in events if ev.get("ev") == "nb_start"]
         for ev in events:
@@ -177,7 +179,7 @@ def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device
                 died.setdefault(fn, f"{why}{where}")
             remaining = after
         report.incidents.append(f"{current}: {why}{where}")
-    return results, died
+    return results, died, failed
 
 
 def _baseline_env(ctx: Context, work: Path, env: dict) -> dict:
@@ -271,15 +273,16 @@ def grade_student(ctx: Context, index: int, sub: Submission) -> StudentReport:
 def _grade_jobs(ctx: Context, work: Path, jobs: list[dict], report: StudentReport, cuda_visible: str | None,
                 cpus: list[int] | None) -> dict[str, bool]:
     """Run and judge these notebooks' functions into report.outcomes; {function: ran to a verdict} (no crash, no
-    time-out, no build stage: an outcome worth storing)."""
+    time-out, no build stage, no failure of the grader's own: an outcome worth storing)."""
     device = "cuda" if ctx.gpu else "cpu"
     env = supervise.child_env(ctx.limits, ctx.box.scratch_for(work), device, cuda_visible)
-    files, died, clean = {}, {}, {}
+    files, died, clean, failed = {}, {}, {}, set()
     for i, (owned, group) in enumerate(_by_answers(ctx, jobs)):  # answers stripped, each in its own child
         copy = ctx.labkit_copy(owned) if owned and ctx.labkit_copy is not None else None
-        f, d = _run_notebooks(ctx, work, group, env, device, report, cpus, f"{i}-", copy)
+        f, d, bad = _run_notebooks(ctx, work, group, env, device, report, cpus, f"{i}-", copy)
         files.update(f)
         died.update(d)
+        failed |= bad
     for nb in jobs:
         for fn in nb["functions"]:
             spec = next(s for s in ctx.specs[nb["name"]] if s.name == fn)
@@ -294,6 +297,6 @@ def _grade_jobs(ctx: Context, work: Path, jobs: list[dict], report: StudentRepor
                 report.outcomes[fn] = judge(spec, results, None)
             if fn in died and results is not None and report.outcomes[fn].status != "ok":
                 report.outcomes[fn].messages.append(died[fn])
-            clean[fn] = (results is not None and fn not in died and spec.fn.stage is None
+            clean[fn] = (results is not None and fn not in died and fn not in failed and spec.fn.stage is None
                          and not any(isinstance(r, dict) and r.get("timeout") for r in results))
     return clean

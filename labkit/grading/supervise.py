@@ -64,6 +64,42 @@ MAX_LOG_BYTES = 64 * 2**20  # what a run may print (stdout and stderr, kept in r
 MAX_INODES = 100_000  # files and folders a run may make in its private /tmp and /dev/shm (tmpfs)
 
 
+def pin_tree(root: int, cpus: list[int] | None) -> str | None:
+    """Every process from `root` down set back to `cpus` where its affinity left them: the grading child pins
+    itself, and student code can widen its own (one call), so the parent holds it from outside. The incident to
+    record when one had widened it, else None."""
+    if not cpus:
+        return None
+    widened = False
+    for pid in [root, *proctree.below(root)]:
+        try:  # each thread has its own affinity (a thread's widening is its own, and threads started later inherit it)
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except (OSError, ValueError):
+            tids = [pid]
+        for tid in tids:
+            try:
+                if os.sched_getaffinity(tid) - set(cpus):
+                    os.sched_setaffinity(tid, cpus)
+                    widened = True
+            except OSError:  # gone meanwhile (ProcessLookupError), not ours to set (PermissionError)
+                continue
+    return (f"your process widened its CPU affinity; it was pinned back to cores {sorted(cpus)} (a worker's cores "
+            f"are its own)") if widened else None
+
+
+def _pinned_start(argv: list[str], cpus: list[int] | None, **kwargs) -> subprocess.Popen:
+    """Popen with the new process already on `cpus`: it inherits the affinity of the thread that starts it (this
+    one, set meanwhile), so no process of its tree, the sandbox's own included, ever starts outside them."""
+    if not cpus:
+        return subprocess.Popen(argv, **kwargs)
+    saved = os.sched_getaffinity(0)  # this thread's (Linux: pid 0 is the calling thread)
+    os.sched_setaffinity(0, cpus)
+    try:
+        return subprocess.Popen(argv, **kwargs)
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
 def tree_rss_mb(root: int) -> float:
     """Resident memory of `root` and every process below it (what a student started, sandboxed or not), plus
     what they wrote into the sandbox's private tmpfs (/tmp, /dev/shm): files there are memory too."""
@@ -117,7 +153,8 @@ def _over_limits(proc, out_dir: Path, log_fd: int, limits: Limits, ticks: int) -
 
 def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, budget: float,
            nb_timeout: float | None, key: str, labkit_copy: Path | None = None,
-           feed: dict[str, bytes] | None = None, rounds=None) -> tuple[list[dict], str | None, int | None]:
+           feed: dict[str, bytes] | None = None, rounds=None, cpus: list[int] | None = None,
+           incidents: list[str] | None = None) -> tuple[list[dict], str | None, int | None]:
     """Run `python -m module IN OUT` in `box` under the limits; (its events, why it was killed, exit code).
 
     run/in is the job (written by the parent), run/out the only host folder the process can write,
@@ -126,6 +163,8 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
     `feed`: notebook -> its hidden cases (torch.save bytes), sent on stdin once, only when the process asks for
     them (a `cases` event, after the notebook's cells ran): they are never a file in the sandbox.
     `rounds`: a labkit.grading.rounds.Driver, which times the rounds the process serves (its `rounds` events).
+    `cpus`: the worker's cores, which the process starts on and is held to on every tick (pin_tree); what it did
+    to widen them goes to `incidents`.
     """
     out_dir = run / "out"
     out_dir.mkdir(parents=True)
@@ -134,9 +173,9 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
     reader = safeio.EventReader(events_path, cap=EVENTS_CAP)
     argv, cwd = box.command(module, run / "in", out_dir, env, work, labkit_copy)
     with open(run / "log.txt", "xb") as logf:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=logf,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                pass_fds=() if rounds is None else (rounds.write_fd,))
+        proc = _pinned_start(argv, cpus, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=logf,
+                             stderr=subprocess.STDOUT, start_new_session=True,
+                             pass_fds=() if rounds is None else (rounds.write_fd,))
         if rounds is not None:
             rounds.started()
         try:
@@ -153,6 +192,8 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
             time.sleep(0.1)
             ticks += 1
             now = time.monotonic()
+            if (widened := pin_tree(proc.pid, cpus)) and incidents is not None and widened not in incidents:
+                incidents.append(widened)  # once per student: the same words each time
             new = reader.poll()
             if any(ev.get("ev") == "nb_start" for ev in new):
                 nb_started = now
