@@ -491,3 +491,165 @@ def test_visible_checks_catch_a_wrong_rank_a_single_block_and_equal_micro_batch_
     assert check.run_check(name, wrong) is False
     out = capsys.readouterr().out
     assert f"✗ {name}, on {caught_by}" in out and "Traceback" not in out, out
+
+
+# --- Issue 40's audit, gap 7: hostile submissions for classes whose mechanism exists but had no test ---
+
+
+class _Deferred:
+    """Work put off until something reads its result: `thunk` runs once, on the first read."""
+
+    def __init__(self, thunk):
+        self.thunk, self.value = thunk, None
+
+    def get(self):
+        if self.value is None:
+            self.value = self.thunk()
+        return self.value
+
+
+class _LazyTensor(torch.Tensor):
+    """A tensor of the right shape and dtype whose values are computed only when a torch function first reads it
+    (detach, to, clone: what copying it out does), by the deferred call; until then it holds nothing."""
+
+    @staticmethod
+    def __new__(cls, like: torch.Tensor, deferred: _Deferred, pick):
+        t = torch.Tensor._make_subclass(cls, torch.empty_like(like))
+        t._deferred, t._pick = deferred, pick
+        return t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        def real(a):
+            return a._pick(a._deferred.get()) if isinstance(a, _LazyTensor) else a
+        args, kwargs = torch.utils._pytree.tree_map(real, (args, kwargs or {}))
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
+def test_a_lazy_result_that_defers_its_work_until_read_is_timed_with_its_work(monkeypatch):
+    """fast_train returning at once tensors that compute the training only when read (issue 40's lazy tensor): the
+    grader copies the result out inside the timed region (ex11._timed), so the deferred work, as slow as slow_train,
+    is timed, and the right results earn no speed-up."""
+    fast = functions_from(SOLUTIONS / "11_profiling.ipynb")["fast_train"]
+    timed = on_controlled_clock("fast_train", monkeypatch)
+    clock = ex11_profiling._CLOCK.__self__
+    returns_s = 1e-4  # the call itself returns at once
+
+    def lazy(params, xs, ys, **hyper):
+        def work():
+            clock.advance(SLOW_TRAIN_S)  # what the deferred training takes: as long as slow_train
+            return fast(params, xs, ys, **hyper)
+        deferred = _Deferred(work)
+        lazy_params = {k: _LazyTensor(p, deferred, lambda r, k=k: r[0][k]) for k, p in params.items()}
+        return lazy_params, _LazyTensor(torch.empty(xs.shape[0]), deferred, lambda r: r[1])
+
+    sizes = {"steps": 6, "batch": 4, "d_in": 8, "hidden": 16, "d_out": 2}
+    case = ex11_profiling.fast_train_case("lazy", sizes, {"lr": 0.05, "momentum": 0.9, "max_norm": 1.0},
+                                          list(range(300, 307)), "cpu")
+    got = ex11_profiling.call_fast_train(timed(lazy, returns_s), case["args"])
+    assert got["yours s"] == pytest.approx([returns_s + SLOW_TRAIN_S] * len(got["yours s"]))  # the work was timed
+    frac, problems, _ = ex11_profiling.score_fast_train(case["expected"], got)
+    assert not any(p.startswith("results") for p in problems), problems  # the values it computed are right
+    assert any(re.match(r"speed-up: (0\.99|1\.00)x", p) for p in problems), problems  # no faster than slow_train
+    assert frac < 1
+
+
+def test_inputs_a_submission_zeroes_in_place_never_reach_the_expected_results():
+    """update_cache that zeroes the new keys and values it is given, in place, then writes them: its caches equal the
+    reference computed from its arguments after the call, but the grader's expected results were made from the seed
+    before the call and are held apart (the child gets only the arguments): every hidden case fails, the expected
+    results are those rebuilt from the seed, and the rebuilt inputs are the seed's, not the zeros."""
+    from labkit.exercises import ex14_llm_inference as ex14
+    from labkit.grading import specs
+
+    graded = SOLUTIONS / "graded"
+    spec = next(s for s in specs.load_specs(graded)["14_llm_inference"] if s.name == "update_cache")
+    seed = specs.default_seed(graded)
+    cases = specs.make_cases(spec, seed, False)
+
+    def zeroes(cache_k, cache_v, k, v, pos):
+        k.zero_()
+        v.zero_()
+        for b in range(k.shape[0]):
+            p = int(pos[b])
+            cache_k[b, :, p:p + k.shape[2]] = k[b]
+            cache_v[b, :, p:p + v.shape[2]] = v[b]
+
+    for case in cases:
+        got = spec.fn.call(zeroes, case["args"])
+        a = case["args"]
+        assert not a["k"].any() and not a["v"].any()  # it reached the arguments it was given
+        after = ex14.reference_update(a["cache_k"], a["cache_v"], a["k"].transpose(1, 2), a["v"].transpose(1, 2),
+                                      a["pos"])  # the reference, were it computed from them after the call
+        assert spec.fn.compare({"cache_k": check.expect_tensor(after[0], "cpu"),
+                                "cache_v": check.expect_tensor(after[1], "cpu")}, got) == []
+        assert spec.fn.compare(case["expected"], got, case.get("rtol", 0.0), case.get("atol", 0.0)), case["about"]
+    for case, fresh in zip(cases, specs.make_cases(spec, seed, False)):
+        assert check.compare(fresh["expected"], case["expected"]) == []
+        assert fresh["args"]["k"].any() and fresh["args"]["v"].any()  # rebuilt from the seed, not the zeroed ones
+
+
+def test_attention_without_the_running_max_fails_the_hidden_large_logit_cases(tmp_path):
+    """The released kernel with no running max (every tile's exponentials taken against 0): right on the hidden
+    cases of ordinary logits, wrong (overflow, NaN) on every hidden case of large logits (q times 30), which the CPU
+    and the GPU plans both have, longer than one key tile. The solution passes them all."""
+    from labkit.exercises import launches
+    from labkit.grading import specs
+
+    graded = SOLUTIONS / "graded"
+    spec = specs.load_specs(graded)["09_attention"][0]
+    seed = specs.default_seed(graded)
+    for gpu, tile in ((False, 64), (True, 128)):
+        large = [c for c in specs.make_cases(spec, seed, gpu) if "large logits" in c["about"]]
+        n = [c["args"]["q"].shape[1 if c["args"]["layout"] == "bnhd" else 2] for c in large]  # tokens
+        assert len(large) >= 2 and min(n) > tile, (gpu, n)
+    path = SOLUTIONS / "09_attention.ipynb"
+    update = "m_new = tl.maximum(m_i, tl.max(s, 1))"
+    assert update in "\n".join(code_of(json.loads(path.read_text()))), "the solution changed: update the edit"
+    no_max = functions_from_edited(path, update, "m_new = tl.zeros_like(m_i)", tmp_path)["flash_attention"]
+    solution = functions_from(path)["flash_attention"]
+    launches.install()  # the exercise's prepare hook, as in the grading child
+
+    def wrong(fn, case):
+        return spec.fn.compare(case["expected"], spec.fn.call(fn, case["args"]), case["rtol"], case["atol"])
+
+    cases = specs.make_cases(spec, seed, False)
+    failed = {c["about"] for c in cases if wrong(no_max, c)}
+    assert failed == {c["about"] for c in cases if "large logits" in c["about"]}, failed
+    assert not any(wrong(solution, c) for c in cases)
+
+
+def test_the_hidden_pipeline_sizes_change_with_the_seed_and_a_table_of_the_visible_orders_fails():
+    """one_f_one_b's hidden (p, m) pairs are drawn per seed: over the default seed and ten others no two seeds draw
+    the same pairs and none is a visible pair, so a submission that looks the visible cases' orders up fails every
+    hidden case, while the solution passes them."""
+    from labkit.exercises import ex10_model_parallel as ex10
+    from labkit.grading import specs
+
+    graded = SOLUTIONS / "graded"
+    spec = specs.load_specs(graded)["10_model_parallel"][0]
+    table = {(c["args"]["p"], c["args"]["m"]): [[(step[0], int(step[1:])) for step in order.split()]
+                                                 for order in c["expected"]["order of each stage"]]
+             for c in ex10.visible_one_f_one_b()}
+
+    def looked_up(stage, p, m):
+        return table[(p, m)][stage]  # a KeyError for any pair the visible cases do not show
+
+    def passes(fn, c):
+        try:
+            return not spec.fn.compare(c["expected"], spec.fn.call(fn, c["args"]), c["rtol"], c["atol"])
+        except KeyError:
+            return False
+
+    solution = functions_from(SOLUTIONS / "10_model_parallel.ipynb")["one_f_one_b"]
+    drawn = []
+    for seed in [specs.default_seed(graded), *range(10)]:
+        cases = specs.make_cases(spec, seed, False)
+        pairs = [(c["args"]["p"], c["args"]["m"]) for c in cases]
+        assert not set(pairs) & set(table), (seed, pairs)
+        drawn.append(tuple(pairs))
+        assert not any(passes(looked_up, c) for c in cases), seed
+        if seed == specs.default_seed(graded):
+            assert all(passes(solution, c) for c in cases)
+    assert len(set(drawn)) == len(drawn), drawn
