@@ -45,7 +45,9 @@ MAX_ROUNDS = 16  # and at most, while the speed-up's interval straddles a thresh
 # 1.81-1.95, 1.85-2.17, 1.86-2.20, 1.86-2.32, 1.89-1.94, 1.94-2.47, 1.95-2.11, 1.99-2.19 and 2.03-2.11x
 # (bubblewrap); on this course's 2-core CPU, graded alone, 1.40-1.49, 1.45-1.54, 1.46-1.58 and 1.48-1.51x. With
 # two graders at once on that CPU the intervals reached 1.26-1.63x (18 gradings of identical solutions, all 1
-# point). The H200's 2.09x is from 2026-11-22, with the baseline in the student's process.
+# point), and on 2026-11-27 (the cores held from outside) lower bounds 1.33-1.57x with upper ends up to 1.90x (six
+# gradings, all 1 point: the lower bound decides the points; the stub 0.92-1.10x, 0 points). The H200's 2.09x is
+# from 2026-11-22, with the baseline in the student's process.
 # One grader, and two at once on a host of two GPUs (each its own GPU and half the cores): H100 lower bounds from
 # 1.63x (2026-11-26), H200 from 1.59x (2026-11-27: 1.59-1.98x in six gradings; 2.09x alone on 2026-11-22)
 SOLUTION_SPEEDUPS = {"cuda": {"NVIDIA H100 80GB HBM3": (1.63, 2.47), "NVIDIA H200": (1.59, 2.09)},
