@@ -32,7 +32,7 @@ from labkit import proctree
 from labkit.exercises import speed
 from labkit.exercises.spec import Served
 from labkit.grading.seal import frame
-from labkit.grading.supervise import pin_tree
+from labkit.grading.supervise import hold_cores
 
 MAX_REPLY_BYTES = 64 * 2**20
 # A served workload's call (labkit.exercises.spec.Served): a frame header no reply can have, with no body, so the
@@ -280,11 +280,8 @@ class Driver:
                 base.close()
 
     def _pinner(self, proc: subprocess.Popen) -> Callable[[], None]:
-        """Set the student's processes back on the worker's cores (supervise.pin_tree), saying so once."""
-        def pin() -> None:
-            if (widened := pin_tree(proc.pid, self.cpus)) and widened not in self.incidents:
-                self.incidents.append(widened)
-        return pin
+        """Set the student's processes back on the worker's cores (supervise.hold_cores), saying so once."""
+        return lambda: hold_cores(proc.pid, self.cpus, self.incidents)
 
     def _served(self, served: Served, args: dict, child: Side, proc: subprocess.Popen, limit: float) -> dict:
         """One case of a served function: a round per run plan, each run's asks answered by a fresh server (again,

@@ -70,7 +70,7 @@ def pin_tree(root: int, cpus: list[int] | None) -> str | None:
     record when one had widened it, else None."""
     if not cpus:
         return None
-    widened = False
+    widened, want = False, set(cpus)
     for pid in [root, *proctree.below(root)]:
         try:  # each thread has its own affinity (a thread's widening is its own, and threads started later inherit it)
             tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
@@ -78,13 +78,19 @@ def pin_tree(root: int, cpus: list[int] | None) -> str | None:
             tids = [pid]
         for tid in tids:
             try:
-                if os.sched_getaffinity(tid) - set(cpus):
+                if os.sched_getaffinity(tid) - want:
                     os.sched_setaffinity(tid, cpus)
                     widened = True
             except OSError:  # gone meanwhile (ProcessLookupError), not ours to set (PermissionError)
                 continue
     return (f"your process widened its CPU affinity; it was pinned back to cores {sorted(cpus)} (a worker's cores "
             f"are its own)") if widened else None
+
+
+def hold_cores(root: int, cpus: list[int] | None, incidents: list[str] | None) -> None:
+    """pin_tree, its incident added to `incidents` once (the same words each time)."""
+    if (widened := pin_tree(root, cpus)) and incidents is not None and widened not in incidents:
+        incidents.append(widened)
 
 
 def _pinned_start(argv: list[str], cpus: list[int] | None, **kwargs) -> subprocess.Popen:
@@ -192,8 +198,7 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
             time.sleep(0.1)
             ticks += 1
             now = time.monotonic()
-            if (widened := pin_tree(proc.pid, cpus)) and incidents is not None and widened not in incidents:
-                incidents.append(widened)  # once per student: the same words each time
+            hold_cores(proc.pid, cpus, incidents)
             new = reader.poll()
             if any(ev.get("ev") == "nb_start" for ev in new):
                 nb_started = now

@@ -254,20 +254,14 @@ def trace_steps(args, rank: int, device: torch.device, path: Path, steps: int = 
     if rank == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
         profiled["ddp"].export_chrome_trace(str(path))
-        events = profiled["ddp"].events()
-        found = intervals(events, device.type)
-        found["leads_ms"] = []
-        for i in range(steps):
-            one = intervals(events, device.type, which=i)
-            if one["compute"] and one["allreduce"]:
-                lead = max(c[1] for c in one["compute"]) - min(c[0] for c in one["allreduce"])
-                found["leads_ms"].append(lead / 1e3)
-        found["compute_busy_ms"] = {}
-        for kind, prof in profiled.items():
-            kind_events = prof.events() if kind != "ddp" else events
-            busy = [sum(b - a for a, b in intervals(kind_events, device.type, which=i)["compute"]) / 1e3
-                    for i in range(steps)]
-            found["compute_busy_ms"][kind] = [b for b in busy if b > 0]
+        per_step = {kind: [intervals(prof.events(), device.type, which=i) for i in range(steps)]
+                    for kind, prof in profiled.items()}  # each step's intervals, found once
+        found = intervals(profiled["ddp"].events(), device.type)
+        found["leads_ms"] = [(max(c[1] for c in one["compute"]) - min(c[0] for c in one["allreduce"])) / 1e3
+                             for one in per_step["ddp"] if one["compute"] and one["allreduce"]]
+        found["compute_busy_ms"] = {
+            kind: [b for b in (sum(e - a for a, e in one["compute"]) / 1e3 for one in ones) if b > 0]
+            for kind, ones in per_step.items()}
         found["bucket_bytes"] = bucket_bytes(ddp)
     import torch.distributed as dist
     dist.barrier()
