@@ -219,6 +219,9 @@ class ClusterPlan(NamedTuple):
 # width from which a tile holds two rows.
 FWD_TILE = {torch.float32: (1024, 16), torch.float16: (4096, 32), torch.bfloat16: (4096, 32)}
 FWD_TWO_ROWS_FROM = {torch.float32: 1 << 30, torch.float16: 4096, torch.bfloat16: 4096}
+# At most 8 warps for a 16-bit tile: bf16 8192x8192 took 119 us with 16 warps, 95 us with 8 (H100, 2026-11-27;
+# 16384x8192 230 -> 183 us); 1-4096 columns never asked for more than 8.
+FWD_MAX_WARPS = {torch.float32: 32, torch.float16: 8, torch.bfloat16: 8}
 FWD_WIDE = WideRows(from_cols=8193, warps=16, stages=3)
 # Backward: tiles of at least BWD_TILE[dtype] elements, BWD_VALUES_PER_THREAD values per thread, one program per
 # SM, its loop pipelined BWD_STAGES deep (8192x8192 bf16: 0.6x the time of the unpipelined kernel it replaced).
@@ -241,7 +244,7 @@ def _fwd_plan(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple
     min_tile, per_thread = FWD_TILE[dtype]
     if N >= FWD_TWO_ROWS_FROM[dtype]:  # 16-bit rows of 4096+: two rows a tile kept more bytes in flight
         min_tile = max(min_tile, 2 * next_pow2(N))
-    bm, bn, warps = row_tile(N, min_tile, per_thread)
+    bm, bn, warps = row_tile(N, min_tile, per_thread, FWD_MAX_WARPS[dtype])
     return cdiv(M, bm), bm, bn, warps, 0
 
 
