@@ -95,6 +95,7 @@ def test_summary_holds_claims_machine_and_date_and_names_the_cell_that_stopped(t
     md = (out / "summary.md").read_text()
     assert "| fast | held | rate 3.142 GB/s |" in md and "| 1 / 1 / 0 / 0 / 1 |" in md
     assert "claims: 1 held, 1 differ (diagnosed), 0 failed, 0 inconclusive, 1 skipped" in result.stdout
+    assert not list(tmp_path.glob("kernel-ipc*")), "the stopped kernel's sockets were left beside the notebook"
 
 
 def test_a_reference_run_needs_a_gpu(tmp_path):
@@ -196,6 +197,7 @@ def test_batch_runs_are_quiet_no_tcp_warning_no_frozen_progress_bars(tmp_path, c
     executed = nbformat.read(tmp_path / "out" / "bar.ipynb", as_version=4)
     outputs = executed.cells[1].outputs
     assert [o.get("text", "") for o in outputs] == ["done\n"], outputs  # no widget, no text bar
+    assert not list(tmp_path.glob("kernel-ipc*")), "the kernel's sockets were left beside the notebook"
 
 
 def test_a_run_stores_the_commit_it_ran_from_and_whether_the_tree_was_dirty(tmp_path):
@@ -228,3 +230,4 @@ def test_a_run_stores_the_commit_it_ran_from_and_whether_the_tree_was_dirty(tmp_
     nb.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "outputs": [],
                                          "source": 'labkit.claim("a" if gpu else "b_on_cpu", "e", True)'}]}))
     assert not_made(nb, {"a": {}}) == ["b_on_cpu"]
+
