@@ -248,7 +248,6 @@ def test_a_forward_without_backward_keeps_no_statistics_and_gives_the_same_outpu
     assert torch.equal(y, y_bare) and torch.equal(y, kernels.layer_norm(x, w, b))
 
 
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("cols", [1024, 4096, 8192])
 def test_a_16_bit_forward_tile_has_at_most_8_warps(dtype, cols, monkeypatch):

@@ -230,4 +230,3 @@ def test_a_run_stores_the_commit_it_ran_from_and_whether_the_tree_was_dirty(tmp_
     nb.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "outputs": [],
                                          "source": 'labkit.claim("a" if gpu else "b_on_cpu", "e", True)'}]}))
     assert not_made(nb, {"a": {}}) == ["b_on_cpu"]
-
