@@ -139,7 +139,7 @@ def _run_notebooks(ctx: Context, work: Path, jobs: list[dict], env: dict, device
                         if ev.get("ev") == "fn_done" and ev.get("fn") in asked and ev["fn"] not in served})
         if driver is not None:
             results.update({fn: got for fn, got in driver.results.items() if len(got) == len(served[fn].cases)})
-            report.incidents += [i for i in driver.incidents if i not in report.incidents]  # a pin-back once
+            report.incidents += driver.incidents  # (repeats dropped once, at the end)
             failed |= driver.failed
         done = {ev.get("nb") for ev in events if ev.get("ev") == "nb_done"}
         started = [ev.get("nb") for ev in events if ev.get("ev") == "nb_start"]

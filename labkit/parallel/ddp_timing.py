@@ -254,9 +254,10 @@ def trace_steps(args, rank: int, device: torch.device, path: Path, steps: int = 
     if rank == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
         profiled["ddp"].export_chrome_trace(str(path))
-        per_step = {kind: [intervals(prof.events(), device.type, which=i) for i in range(steps)]
-                    for kind, prof in profiled.items()}  # each step's intervals, found once
-        found = intervals(profiled["ddp"].events(), device.type)
+        events = {kind: prof.events() for kind, prof in profiled.items()}
+        per_step = {kind: [intervals(evs, device.type, which=i) for i in range(steps)]
+                    for kind, evs in events.items()}  # each step's intervals, found once
+        found = intervals(events["ddp"], device.type)
         found["leads_ms"] = [(max(c[1] for c in one["compute"]) - min(c[0] for c in one["allreduce"])) / 1e3
                              for one in per_step["ddp"] if one["compute"] and one["allreduce"]]
         found["compute_busy_ms"] = {
