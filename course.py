@@ -163,6 +163,34 @@ def run_env(full: bool) -> dict[str, str]:
     return env
 
 
+def test_workers(py: str, full: bool, n_paths: int, options: list[str]) -> list[str]:
+    """pytest-xdist's options: two worker processes (one file, or the course's notebooks and the claims tests that
+    read their log, to a worker: tests/conftest.py) on a machine of two or more cores without a GPU, where the
+    notebooks run in quick mode; one process on a GPU host or in a --full run (a notebook there measures the GPU, and
+    two at once would measure each other), for a single path, or where LABKIT_TEST_WORKERS or -n says otherwise."""
+    if any(o.startswith(("-n", "--numprocesses", "--dist")) for o in options):
+        return []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    wanted = os.environ.get("LABKIT_TEST_WORKERS", "").strip()
+    if wanted:
+        if not wanted.isdigit():
+            sys.exit(f"course: LABKIT_TEST_WORKERS={wanted!r} is not a number of worker processes (0 or 1: one "
+                     f"process, as without pytest-xdist)")
+        workers = int(wanted)
+    elif full or n_paths < 2 or cores < 2:
+        return []
+    else:
+        gpu = subprocess.run([py, "-c", "import torch; print(int(torch.cuda.is_available()))"],
+                             capture_output=True, text=True).stdout.strip()
+        if gpu != "0":
+            return []
+        workers = 2
+    if workers < 2:
+        return []
+    print(f"course: {workers} test worker processes (pytest-xdist); LABKIT_TEST_WORKERS=1 runs every test in one")
+    return ["-n", str(workers), "--dist", "loadgroup"]
+
+
 def test(args: argparse.Namespace) -> int:
     if args.latest:
         py = ensure_env([], unlocked=True, where=LATEST_VENV, upgrade=True)
@@ -175,7 +203,7 @@ def test(args: argparse.Namespace) -> int:
     paths = chosen or ["tests"] + [d for d in NOTEBOOK_DIRS if any((ROOT / d).glob("*.ipynb"))]
     cmd = [py, "-m", "pytest", *paths, "--nbval-lax", "--nbval-current-env",
            f"--nbval-cell-timeout={3600 if args.full else 600}", "-p", "no:cacheprovider", "-rs", "--durations=25",
-           *options]
+           *test_workers(py, args.full, len(paths), options), *options]
     print("course:", " ".join(cmd[1:]))
     return subprocess.run(cmd, cwd=ROOT, env=run_env(args.full)).returncode
 

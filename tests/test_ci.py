@@ -104,3 +104,42 @@ def test_ci_gpu_prints_a_table_and_fails_on_a_bad_step(tmp_path):
     table = done.stdout.split("=== .ci/gpu results")[1]
     assert re.search(r"^nonsense\s+FAILED", table, re.M)
     assert (tmp_path / "out" / "steps.txt").read_text().strip().endswith(table.strip().splitlines()[-1].strip())
+
+
+def _course_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("course_for_test", ROOT / "course.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="reads the cores this process may use")
+def test_course_py_test_runs_two_workers_only_where_no_gpu_is_measured(tmp_path, monkeypatch, capsys):
+    """Two pytest-xdist workers (files whole, the course's notebooks with the tests that read their log) on a
+    machine of two cores or more without a GPU; one process on a GPU host, in a --full run, for one path, or where
+    LABKIT_TEST_WORKERS or -n decides."""
+    course = _course_module()
+    two = ["-n", "2", "--dist", "loadgroup"]
+    fake = {}
+    for name, gpu in (("cpu", 0), ("gpu", 1)):  # stands in for the venv's python asking torch for a GPU
+        fake[name] = tmp_path / name
+        fake[name].write_text(f"#!/bin/sh\necho {gpu}\n")
+        fake[name].chmod(0o755)
+    monkeypatch.delenv("LABKIT_TEST_WORKERS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert course.test_workers(str(fake["cpu"]), False, 4, []) == two
+    assert course.test_workers(str(fake["gpu"]), False, 4, []) == []
+    assert course.test_workers(str(fake["cpu"]), True, 4, []) == []  # --full measures
+    assert course.test_workers(str(fake["cpu"]), False, 1, []) == []
+    assert course.test_workers(str(fake["cpu"]), False, 4, ["-n0"]) == []  # the user's -n is theirs
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert course.test_workers(str(fake["cpu"]), False, 4, []) == []
+    monkeypatch.setenv("LABKIT_TEST_WORKERS", "1")
+    assert course.test_workers(str(fake["cpu"]), False, 4, []) == []
+    monkeypatch.setenv("LABKIT_TEST_WORKERS", "2")
+    assert course.test_workers(str(fake["gpu"]), True, 4, []) == two  # told
+    monkeypatch.setenv("LABKIT_TEST_WORKERS", "two")
+    with pytest.raises(SystemExit, match="not a number"):
+        course.test_workers(str(fake["cpu"]), False, 4, [])

@@ -118,6 +118,46 @@ def test_a_served_answer_counts_from_the_graders_sleep_to_its_span_of_a_call_and
     assert compare_median(case["expected"], {"median (ms)": [0.4, 5.1], **seen}, case["rtol"], case["atol"])
 
 
+def test_the_students_time_limit_counts_its_own_rounds_not_the_baselines_turns():
+    """Parent side: a fake student that takes 0.2 s a round, with 1 s of its own time and 1 s of the grader's
+    between rounds (the baseline's turn, or a loaded machine's): after three rounds 0.4 s is left, not none; a
+    reply later than the time left and the grace times out."""
+    with fake_side("", "time.sleep(0.2)\n"
+                       "os.write(fd, rounds.encode_reply({'round': req['round'], 'kind': req['kind'], 'obs': 1}))\n"
+                   ) as (proc, side):
+        rounds._ask_student(proc, side, [{"round": 0, "kind": "round"}], rounds.StudentClock(60.0))  # its start-up
+        clock = rounds.StudentClock(1.0)
+        for i in range(1, 4):
+            time.sleep(1.0)  # the baseline's turn: the student's process is stopped, its clock too
+            assert rounds._ask_student(proc, side, [{"round": i, "kind": "round"}], clock)[1]["obs"] == 1
+        assert 0.1 < clock.left < 0.45, clock.left
+        clock.spend(clock.left + 4.9)  # 0.1 s of grace left: the next 0.2 s round is late
+        with pytest.raises(rounds.Stopped) as stopped:
+            rounds._ask_student(proc, side, [{"round": 4, "kind": "round"}], clock)
+        assert stopped.value.result == {"timeout": True}
+
+
+def test_the_childs_alarm_counts_its_own_rounds_not_the_waits_between_them():
+    """Child side (labkit/grading/child.py), in a process of its own: rounds of 0.3 s against a 1 s limit, with
+    1 s between requests: three rounds are served and the fourth, past the student's own second, times out."""
+    code = textwrap.dedent("""
+        import json, signal, time, types
+        from labkit.grading import child
+        signal.signal(signal.SIGALRM, child._on_alarm)
+        reqs = iter([{"round": i, "kind": "round", "args": {}} for i in range(4)] + [{"end": True}])
+        out = []
+        def requests():
+            time.sleep(1.0)
+            return json.dumps(next(reqs)).encode()
+        child._serve_rounds({"f": lambda a: time.sleep(0.3) or 1}, "f", types.SimpleNamespace(run=lambda fn, a: fn(a)),
+                            1.0, lambda e, t: repr(e), requests, out.append)
+        print(json.dumps([["obs" in r, bool(r.get("timeout"))] for r in out]))
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [[True, False]] * 3 + [[False, True]]
+
+
 def state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]

@@ -20,6 +20,7 @@ import signal
 import sys
 import types
 from pathlib import Path
+from time import monotonic as _monotonic  # bound now: a student's rebinding of time.monotonic is not seen
 from typing import Any, Callable
 
 from labkit.exercises import integrity
@@ -116,8 +117,22 @@ def _serve_rounds(ns: dict, name: str, spec, timeout: float, describe, requests:
                   reply: Callable[[dict], None], ask: Callable[[], dict] | None = None) -> None:
     """Serve the parent's timed rounds of `name` (labkit.grading.rounds) under one alarm: each request runs the
     student's function once, and the reply is the round's observation, or why there is none. A served function's
-    workload asks the parent for each of its calls (`ask`)."""
+    workload asks the parent for each of its calls (`ask`). The alarm counts the student's own time only: it runs
+    while a request is handled and is paused between requests (the baseline's turns, the grader's waits)."""
     fn = ns.get(name)
+    left = [timeout]
+
+    def timed_handle(req: dict) -> dict:
+        if left[0] <= 0:
+            raise ExerciseTimeout
+        t0 = _monotonic()
+        _set_alarm(left[0])
+        try:
+            return handle(req)
+        finally:
+            _set_alarm(0)
+            left[0] -= _monotonic() - t0
+
     try:
         _set_alarm(timeout)
 
@@ -128,6 +143,7 @@ def _serve_rounds(ns: dict, name: str, spec, timeout: float, describe, requests:
             raise
         except BaseException as exc:
             broken = describe(exc, timeout)
+        _set_alarm(0)
 
         def handle(req: dict) -> dict:
             if broken is not None:
@@ -150,7 +166,7 @@ def _serve_rounds(ns: dict, name: str, spec, timeout: float, describe, requests:
             except BaseException as exc:
                 return {"error": describe(exc, timeout)}
 
-        rounds.serve(lambda: json.loads(requests()), handle, reply)
+        rounds.serve(lambda: json.loads(requests()), timed_handle, reply)
         _set_alarm(0)
     except ExerciseTimeout:
         _set_alarm(0)

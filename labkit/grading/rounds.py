@@ -46,6 +46,9 @@ IDLE_OP_S, IDLE_PROBES, IDLE_WAIT_S = 0.5e-3, 3, 5.0
 # ...and before the first round: what an earlier process left queued drains first (a killed process's kernels run
 # on; seen for seconds on an H100), so that what keeps the GPU busy later is the stopped student's.
 START_IDLE_WAIT_S = 60.0
+# The parent waits this long past the student's own time left for a reply: the child's alarm, counting the same
+# time, stops it first and says so (grading/child.py)
+REPLY_GRACE_S = 5.0
 
 
 class Stopped(Exception):
@@ -140,6 +143,18 @@ def signal_tree(root: int, sig: int) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
             done.add(pid)
+
+
+class StudentClock:
+    """The student's own time left for a function's rounds (all its cases together): it runs only while the
+    student's process serves a request, never during the baseline's turns or the grader's waits, so a loaded
+    machine or a slow baseline costs the student no time (as the child's alarm counts: grading/child.py)."""
+
+    def __init__(self, limit_s: float):
+        self.left = limit_s
+
+    def spend(self, seconds: float) -> None:
+        self.left -= seconds
 
 
 class Side:
@@ -248,7 +263,7 @@ class Driver:
             os.close(self.write_fd)
 
     def _drive(self, fn: str, proc: subprocess.Popen) -> None:
-        spec, limit = self.specs[fn], self.limit_s(fn)
+        spec, clock = self.specs[fn], StudentClock(self.limit_s(fn))
         rounds = spec.fn.rounds
         child = Side(proc.stdin, self.read_fd)
         signal_tree(proc.pid, signal.SIGSTOP)  # from here on the student's code runs only in its own rounds
@@ -256,7 +271,7 @@ class Driver:
         try:
             if isinstance(rounds, Served):  # no baseline: the parent serves the workload itself
                 for case in spec.cases:
-                    self.results[fn].append(self._served(rounds, case["args"], child, proc, limit))
+                    self.results[fn].append(self._served(rounds, case["args"], child, proc, clock))
                 return
             base = Baseline(fn, self.device, self.env, self.cpus, self.log, self.guard)
             blame = not self.gpu_shared
@@ -266,7 +281,7 @@ class Driver:
                 self.incidents.append(f"{fn}: the GPU was still busy {START_IDLE_WAIT_S:g} s after the student's "
                                       f"process was stopped, before its rounds: its timings may be off")
             for case in spec.cases:
-                self.results[fn].append(self._case(rounds, case["args"], child, base, proc, limit, blame))
+                self.results[fn].append(self._case(rounds, case["args"], child, base, proc, clock, blame))
         except Exception as exc:  # the grader's own failure (its baseline process): said, and no points lost silently
             self.failed.add(fn)
             what = "workload could not be served" if isinstance(rounds, Served) else "baseline could not be timed"
@@ -283,17 +298,17 @@ class Driver:
         """Set the student's processes back on the worker's cores (supervise.hold_cores), saying so once."""
         return lambda: hold_cores(proc.pid, self.cpus, self.incidents)
 
-    def _served(self, served: Served, args: dict, child: Side, proc: subprocess.Popen, limit: float) -> dict:
+    def _served(self, served: Served, args: dict, child: Side, proc: subprocess.Popen, clock: StudentClock) -> dict:
         """One case of a served function: a round per run plan, each run's asks answered by a fresh server (again,
         up to `attempts` times, while the server's own measurement was off)."""
-        t_end, n = time.monotonic() + limit, 0
+        n = 0
         observed, servers = [], []
         try:
             for plan in served.runs(args):
                 for _ in range(max(1, served.attempts)):
                     server, n = served.server(plan), n + 1
                     req = {"round": n, "kind": "round", "args": served.for_child(plan)}
-                    reply = _ask_student(proc, child, [req, {"round": n, "kind": "check"}], t_end, server.answer,
+                    reply = _ask_student(proc, child, [req, {"round": n, "kind": "check"}], clock, server.answer,
                                          self._pinner(proc))[1]
                     if not server.retry():
                         break
@@ -303,13 +318,12 @@ class Driver:
             return stop.result
         return {"obs": served.result(args, observed, servers)}
 
-    def _case(self, rounds, args: dict, child: Side, base: Baseline, proc: subprocess.Popen, limit: float,
+    def _case(self, rounds, args: dict, child: Side, base: Baseline, proc: subprocess.Popen, clock: StudentClock,
               blame: bool) -> dict:
         thresholds, least, most = rounds.plan(args)
         obs: list = []
         mine_s: list[float] = []
         base_s: list[float] = []
-        t_end = time.monotonic() + limit  # the student's rounds together, as the function's time limit
 
         def pair(i: int, base_first: bool) -> tuple[float, float]:
             req = {"round": i, "kind": "round", "args": rounds.for_round(args, i)}
@@ -323,7 +337,7 @@ class Driver:
                     base_s.append(seconds)
                     continue
                 # then, untimed, the child's own check that nothing judging it was changed
-                seconds, reply = _ask_student(proc, child, [req, {"round": i, "kind": "check"}], t_end,
+                seconds, reply = _ask_student(proc, child, [req, {"round": i, "kind": "check"}], clock,
                                               pin=self._pinner(proc))
                 obs.append(reply["obs"])
                 mine_s.append(seconds)
@@ -333,7 +347,7 @@ class Driver:
             speed.paired_rounds(pair, thresholds, least, most)
             after = None
             if rounds.after is not None:  # untimed, in the student's process, once the rounds are over
-                after = _ask_student(proc, child, [{"round": len(obs), "kind": "after", "args": args}], t_end,
+                after = _ask_student(proc, child, [{"round": len(obs), "kind": "after", "args": args}], clock,
                                      pin=self._pinner(proc))[1]["obs"]
         except Stopped as stop:
             return stop.result
@@ -362,18 +376,20 @@ def _wait_for_idle_gpu(base: Side, i: int, blame: bool = True, wait_s: float | N
             sleep(0.01)
 
 
-def _ask_student(proc: subprocess.Popen, child: Side, requests: list[dict], t_end: float,
+def _ask_student(proc: subprocess.Popen, child: Side, requests: list[dict], clock: StudentClock,
                  on_ask: Callable[[], dict] | None = None, pin: Callable[[], None] | None = None) -> tuple[float, dict]:
     """The student's processes started (`pin`ned first: back on their cores, however their last round widened
     them), `requests` answered in turn (each must succeed; asks meanwhile get on_ask's answer), stopped again; (the
-    first request's seconds, its reply). Stopped, with the function's result, when a reply is not an observation."""
+    first request's seconds, its reply). Stopped, with the function's result, when a reply is not an observation;
+    the time the process ran is spent from `clock`, and a reply later than its time left (and a grace) times out."""
     if pin is not None:  # the watchdog's tick re-pins too, but a widening just before this round would reach it
         pin()
+    started = time.monotonic()
     signal_tree(proc.pid, signal.SIGCONT)
     try:
         answered = []
         for req in requests:  # the next only after an observation
-            answered.append(child.timed(req, max(t_end - time.monotonic(), 0.0) + 5.0, on_ask))
+            answered.append(child.timed(req, max(started + clock.left + REPLY_GRACE_S - time.monotonic(), 0.0), on_ask))
             if "obs" not in answered[-1][1]:
                 break
     except TimeoutError:
@@ -385,6 +401,7 @@ def _ask_student(proc: subprocess.Popen, child: Side, requests: list[dict], t_en
                                 f"there"}) from None
     finally:
         signal_tree(proc.pid, signal.SIGSTOP)
+        clock.spend(time.monotonic() - started)
     for _, reply in answered:
         if reply.get("timeout"):
             raise Stopped({"timeout": True})
