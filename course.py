@@ -188,7 +188,7 @@ def test_workers(py: str, full: bool, n_paths: int, options: list[str]) -> list[
     if workers < 2:
         return []
     print(f"course: {workers} test worker processes (pytest-xdist); LABKIT_TEST_WORKERS=1 runs every test in one")
-    return ["-n", str(workers), "--dist", "loadgroup"]
+    return ["-n", str(workers), "--dist", "loadfile"]
 
 
 def test(args: argparse.Namespace) -> int:

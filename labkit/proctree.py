@@ -33,3 +33,23 @@ def below(root: int, procs: dict[int, tuple[int, int]] | None = None) -> list[in
         found += kids
         todo += kids
     return found
+
+
+def processes(root: int) -> list[int]:
+    """`root` and every process below it."""
+    return [root, *below(root)]
+
+
+def signal_tree(root: int, sig: int) -> None:
+    """`sig` to `root` and every process below it, again until no new one appears (one may fork meanwhile)."""
+    done: set[int] = set()
+    for _ in range(20):
+        todo = [p for p in processes(root) if p not in done]
+        if not todo:
+            return
+        for pid in todo:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            done.add(pid)

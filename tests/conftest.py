@@ -159,25 +159,38 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(CLAIMS_LOG, ignore_errors=True)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
-def pytest_collection_modifyitems(session, config, items):
-    """Name each notebook to its kernel (LABKIT_NOTEBOOK, read by the claims log), note which notebooks failed a
-    cell, and run the tests that read the log after every notebook. With pytest-xdist's workers (course.py test
-    starts two on a machine without a GPU, --dist loadgroup), each file goes to one worker whole, and the course's
-    notebooks go to one worker with the tests that read their log, so that they read this run's."""
+# --- two worker processes (pytest-xdist; course.py test starts them on a machine without a GPU, --dist loadfile) ---
+# Each file goes to one worker whole; the course's notebooks and tests/test_claims_can_fail.py, which reads the claims
+# they log (below), go to one worker together, as one scope.
+LOG_BOUND_SCOPE = "course-notebooks"
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
     from pathlib import Path
 
-    grouped = config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "loadgroup"
-    log_bound = set()
-    if grouped:
-        from labkit.paths import course_notebooks
+    from xdist.scheduler import LoadFileScheduling
 
-        course = {str(p.resolve()) for p in course_notebooks()}
-        for item in items:
-            if str(Path(str(item.path)).resolve()) in course or "inverted" in getattr(item, "fixturenames", ()):
-                log_bound.add(item.nodeid)
-            item.add_marker(pytest.mark.xdist_group("course-notebooks" if item.nodeid in log_bound
-                                                    else item.nodeid.split("::")[0]))
+    from labkit.paths import course_notebooks
+
+    root = Path(str(config.rootpath)).resolve()
+    bound = {str(p.resolve().relative_to(root)) for p in course_notebooks()} | {"tests/test_claims_can_fail.py"}
+
+    class CourseScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            return LOG_BOUND_SCOPE if path in bound else path
+
+    return CourseScheduling(config, log)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Name each notebook to its kernel (LABKIT_NOTEBOOK, read by the claims log), note which notebooks failed a
+    cell, and run the tests that read the log after every notebook."""
+    from pathlib import Path
+
     for item in items:
         parent = item.parent
         if type(parent).__name__ != "IPyNbFile":
@@ -189,8 +202,6 @@ def pytest_collection_modifyitems(session, config, items):
         item.runtest = _noted_runtest(path, item, item.runtest)
     last = [i for i in items if "inverted" in getattr(i, "fixturenames", ())]
     items[:] = [i for i in items if "inverted" not in getattr(i, "fixturenames", ())] + last
-    if grouped:  # the longest group first, so that no worker is left with it at the end
-        items.sort(key=lambda i: i.nodeid not in log_bound)
 
 
 def _named_setup(path: str, setup):

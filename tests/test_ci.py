@@ -121,7 +121,7 @@ def test_course_py_test_runs_two_workers_only_where_no_gpu_is_measured(tmp_path,
     machine of two cores or more without a GPU; one process on a GPU host, in a --full run, for one path, or where
     LABKIT_TEST_WORKERS or -n decides."""
     course = _course_module()
-    two = ["-n", "2", "--dist", "loadgroup"]
+    two = ["-n", "2", "--dist", "loadfile"]
     fake = {}
     for name, gpu in (("cpu", 0), ("gpu", 1)):  # stands in for the venv's python asking torch for a GPU
         fake[name] = tmp_path / name

@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from labkit import proctree
 from labkit.grading import rounds
 
 
@@ -175,15 +176,15 @@ def test_every_process_below_the_student_is_stopped_and_started_again():
                             start_new_session=True)
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 2 and set(pids) <= {proc.pid, *rounds.processes(proc.pid)}
-        rounds.signal_tree(proc.pid, signal.SIGSTOP)
+        assert len(pids) == 2 and set(pids) <= {proc.pid, *proctree.processes(proc.pid)}
+        proctree.signal_tree(proc.pid, signal.SIGSTOP)
         time.sleep(0.2)
         assert {state(p) for p in [proc.pid, *pids]} == {"T"}
-        rounds.signal_tree(proc.pid, signal.SIGCONT)
+        proctree.signal_tree(proc.pid, signal.SIGCONT)
         time.sleep(0.2)
         assert "T" not in {state(p) for p in [proc.pid, *pids]}
     finally:
-        for pid in rounds.processes(proc.pid)[::-1]:
+        for pid in proctree.processes(proc.pid)[::-1]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -111,3 +111,20 @@ def test_a_right_median_on_a_loaded_machine_passes_and_a_wrong_one_fails(monkeyp
         problems = ex03.compare_median(case["expected"], got, case["rtol"], case["atol"])
         assert (problems == []) == ok, (fn, problems)
     assert len(clock.slept) == 2 * ex03.ATTEMPTS * 2 * (2 + 5)  # two of them call fn: measured again, ATTEMPTS times
+
+
+def test_a_served_run_whose_calls_the_pipes_slowed_is_measured_again():
+    """Served (exercise 03 graded), the student's clock sees each call's trip through the pipes too, which a loaded
+    machine stretches: a run whose span of a call is over what SPAN_OVER_SLEEP counts is measured again (as one whose
+    sleeps ran long is), so that an honest median is not graded against a span the cap cut short."""
+    from labkit.exercises import ex03_timing as ex03
+
+    load = ex03.Workload("cpu", 2.0, warmup=1, reps=3, outlier_at=0)
+    load.took = [20.0, 20.0, 2.1, 2.1]  # the warm-up call and timed call 0 are 10x: the grader's median is 2.1
+    for gap_ms, again in ((2.3, False), (3.5, False), (6.0, True)):  # the cap here: 1.25 x 2.1 + 1 = 3.6 ms
+        load.asked = [i * gap_ms / 1e3 for i in range(4)]
+        assert load.retry() == again, gap_ms
+    load.took[2:] = [1.0, 1.0]  # under the sleep: the grader's own measurement is implausible
+    load.asked = [i * 2.3e-3 for i in range(4)]
+    assert load.retry()
+    assert not ex03.Workload("cuda", 2.0, warmup=1, reps=3, outlier_at=0).retry()  # a GPU sleep is told, not served

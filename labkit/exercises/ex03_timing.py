@@ -110,8 +110,13 @@ class Workload:
         return {}
 
     def retry(self) -> bool:
-        """The grader's own measurement is implausible (a machine too loaded to say): measure the run again."""
-        return self.device != "cuda" and not _plausible(self.ms, self.measured())
+        """The grader's own measurement is implausible, or its span of a call is over what SPAN_OVER_SLEEP counts
+        (a machine too loaded to say, or a pipe too slow): measure the run again."""
+        if self.device == "cuda":
+            return False
+        measured, span = self.measured(), self.span()
+        scale, extra = SPAN_OVER_SLEEP
+        return not _plausible(self.ms, measured) or (_number(span) and span > scale * measured + extra)
 
 
 def _time_one(fn, device: torch.device, plan: dict) -> tuple:

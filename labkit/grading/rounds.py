@@ -28,11 +28,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from labkit import proctree
 from labkit.exercises import speed
 from labkit.exercises.spec import Served
 from labkit.grading.seal import frame
 from labkit.grading.supervise import hold_cores
+from labkit.proctree import signal_tree
 
 MAX_REPLY_BYTES = 64 * 2**20
 # A served workload's call (labkit.exercises.spec.Served): a frame header no reply can have, with no body, so the
@@ -46,9 +46,7 @@ IDLE_OP_S, IDLE_PROBES, IDLE_WAIT_S = 0.5e-3, 3, 5.0
 # ...and before the first round: what an earlier process left queued drains first (a killed process's kernels run
 # on; seen for seconds on an H100), so that what keeps the GPU busy later is the stopped student's.
 START_IDLE_WAIT_S = 60.0
-# The parent waits this long past the student's own time left for a reply: the child's alarm, counting the same
-# time, stops it first and says so (grading/child.py)
-REPLY_GRACE_S = 5.0
+REPLY_GRACE_S = 5.0  # waited past the student's own time left for a reply (the child's alarm says it first)
 
 
 class Stopped(Exception):
@@ -125,25 +123,6 @@ def read_reply(fd: int, deadline: float) -> dict:
 
 
 # -- the parent's side ---------------------------------------------------------------------------------------------
-
-def processes(root: int) -> list[int]:
-    return [root, *proctree.below(root)]
-
-
-def signal_tree(root: int, sig: int) -> None:
-    """`sig` to `root` and every process below it, again until no new one appears (one may fork meanwhile)."""
-    done: set[int] = set()
-    for _ in range(20):
-        todo = [p for p in processes(root) if p not in done]
-        if not todo:
-            return
-        for pid in todo:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-            done.add(pid)
-
 
 class StudentClock:
     """The student's own time left for a function's rounds (all its cases together): it runs only while the
