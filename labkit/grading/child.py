@@ -120,18 +120,19 @@ def _serve_rounds(ns: dict, name: str, spec, timeout: float, describe, requests:
     workload asks the parent for each of its calls (`ask`). The alarm counts the student's own time only: it runs
     while a request is handled and is paused between requests (the baseline's turns, the grader's waits)."""
     fn = ns.get(name)
-    left = [timeout]
+    left = timeout
 
     def timed_handle(req: dict) -> dict:
-        if left[0] <= 0:
+        nonlocal left
+        if left <= 0:
             raise ExerciseTimeout
         t0 = _monotonic()
-        _set_alarm(left[0])
+        _set_alarm(left)
         try:
             return handle(req)
         finally:
             _set_alarm(0)
-            left[0] -= _monotonic() - t0
+            left -= _monotonic() - t0
 
     try:
         _set_alarm(timeout)
