@@ -1,14 +1,18 @@
 """Weight-only int8 and fp8: each output row's weights scaled by their absolute maximum (to 127, or to fp8 e4m3's
-448) and rounded; the matmul dequantizes on the fly, so a decode step reads 1 byte per weight instead of 2
-(activations stay bf16). int8 rounds to a fixed step per row; fp8 keeps 3 mantissa bits of every weight.
+448) and rounded; on a GPU a decode step's product converts them in registers (labkit.kernels.dequant_matvec),
+so it reads 1 byte per weight instead of 2 (activations stay bf16). int8 rounds to a fixed step per row; fp8 keeps
+3 mantissa bits of every weight.
 
 Used by: notebook 14.
 """
 from __future__ import annotations
 
+import importlib
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
 
 
 FP8 = torch.float8_e4m3fn
@@ -28,14 +32,12 @@ def quantize_rows(w: torch.Tensor, dtype: torch.dtype = torch.int8) -> tuple[tor
 
 class QuantLinear(nn.Module):
     """y = (x @ q.T) * scale + bias, q int8 (or fp8 e4m3 with weights=FP8): the dequantization is one multiply
-    per output, after the matmul.
+    per output, after the products' sum.
 
-    Under torch.compile with a few rows (decode), the product is written as multiply-and-sum so that the compiler
-    fuses the int8 -> float conversion into one reduction that reads each int8 weight once; eager PyTorch (and
-    many rows) converts the weights first and calls the matmul.
+    On a GPU, a few rows of x (a decode step, eager or under torch.compile) go through labkit's kernel, which reads
+    each one-byte weight once and converts it in registers; on the CPU, and for many rows (prefill), the weights
+    are converted first and a matmul does the product.
     """
-
-    ROWDOT_MAX_ROWS = 8
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, weights: torch.dtype = torch.int8):
         super().__init__()
@@ -43,17 +45,38 @@ class QuantLinear(nn.Module):
         self.register_buffer("q", q)
         self.register_buffer("scale", scale.to(dtype))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
+        if self.q.is_cuda:
+            _load_gpu_matvec()
 
-    def rowdot(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ q.T as a broadcast multiply and a float32 sum over the inputs (a matrix-vector product per row)."""
-        return (x.unsqueeze(-2).float() * self.q.float()).sum(-1).to(x.dtype)
+    def _apply(self, fn, recurse=True):  # .to(), .cuda(): weights moved to a GPU load its kernel
+        out = super()._apply(fn, recurse)
+        if self.q.is_cuda:
+            _load_gpu_matvec()
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling() and x.numel() // x.shape[-1] <= self.ROWDOT_MAX_ROWS:
-            y = self.rowdot(x) * self.scale
-        else:
-            y = F.linear(x, self.q.to(x.dtype)) * self.scale
+        if _gpu_matvec and x.is_cuda and x.numel() <= MATVEC_MAX_ROWS * x.shape[-1] and x.dtype in _FLOATS:
+            if torch.compiler.is_compiling():  # the custom op: one node of the compiled graph
+                return torch.ops.labkit.dequant_matvec(x, self.q, self.scale, self.bias)
+            return _gpu_matvec(x, self.q, self.scale, self.bias)
+        y = F.linear(x, self.q.to(x.dtype)) * self.scale
         return y if self.bias is None else y + self.bias
+
+
+MATVEC_MAX_ROWS = 8  # labkit.kernels.dequant_matvec.MAX_ROWS (not imported here: that imports Triton)
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+# labkit's one-byte matrix-vector kernel once a QuantLinear's weights are on a GPU: imported then (a CPU run never
+# imports Triton for it), with the custom op torch.compile traces (it cannot import while tracing); False where
+# labkit's kernels are interpreted (labkit.setup() chose the CPU).
+_gpu_matvec = None
+
+
+def _load_gpu_matvec() -> None:
+    global _gpu_matvec
+    if _gpu_matvec is None:
+        kernel = importlib.import_module("labkit.kernels.dequant_matvec")
+        importlib.import_module("labkit.kernels.ops")  # registers labkit::dequant_matvec
+        _gpu_matvec = False if kernel.INTERPRETED else kernel.dequant_matvec
 
 
 def quantized_copy(module: nn.Module, dtype: torch.dtype, weights: torch.dtype = torch.int8) -> nn.Module:

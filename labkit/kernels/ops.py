@@ -14,6 +14,7 @@ import torch
 _softmax = importlib.import_module("labkit.kernels.softmax")
 _layer_norm = importlib.import_module("labkit.kernels.layer_norm")
 _bias_gelu = importlib.import_module("labkit.kernels.bias_gelu")
+_dequant_matvec = importlib.import_module("labkit.kernels.dequant_matvec")
 from labkit.kernels._common import check_inputs, check_tensor  # noqa: E402
 
 
@@ -109,6 +110,17 @@ def _bias_gelu_backward(ctx, dy):
 
 
 _bias_gelu_op.register_autograd(_bias_gelu_backward, setup_context=_bias_gelu_setup)
+
+
+@torch.library.custom_op("labkit::dequant_matvec", mutates_args=())
+def dequant_matvec(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """labkit.kernels.dequant_matvec (a few rows of x times one-byte weights; no autograd) as labkit::dequant_matvec."""
+    return _dequant_matvec.dequant_matvec(x, q, scale, bias)
+
+
+@dequant_matvec.register_fake
+def _(x, q, scale, bias):
+    return x.new_empty((*x.shape[:-1], q.shape[0]))
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
