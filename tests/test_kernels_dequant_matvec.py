@@ -83,6 +83,11 @@ def test_quant_linear_takes_the_kernel_on_a_gpu_and_the_matmul_elsewhere(monkeyp
     torch.testing.assert_close(m(many).double(), many.double() @ (m.q.double() * m.scale.double()[:, None]).T
                                + m.bias.double(), rtol=1e-5, atol=1e-5)
     assert len(calls) == (1 if DEV.type == "cuda" else 0)
+    xg = x.clone().requires_grad_()  # the kernel has no backward: a graph to record takes the matmul
+    m(xg).sum().backward()
+    torch.testing.assert_close(xg.grad.double(), (m.q.double() * m.scale.double()[:, None]).sum(0).expand(2, 1, 48),
+                               rtol=1e-5, atol=1e-5)
+    assert len(calls) == (1 if DEV.type == "cuda" else 0)
 
 
 @pytest.mark.skipif(DEV.type != "cuda", reason="the custom op runs the compiled kernel: a CUDA GPU")

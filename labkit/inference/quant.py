@@ -55,7 +55,8 @@ class QuantLinear(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _gpu_matvec and x.is_cuda and x.numel() <= MATVEC_MAX_ROWS * x.shape[-1] and x.dtype in _FLOATS:
+        if (_gpu_matvec and x.is_cuda and x.numel() <= MATVEC_MAX_ROWS * x.shape[-1] and x.dtype in _FLOATS
+                and not (x.requires_grad and torch.is_grad_enabled())):  # (the kernel has no backward)
             if torch.compiler.is_compiling():  # the custom op: one node of the compiled graph
                 return torch.ops.labkit.dequant_matvec(x, self.q, self.scale, self.bias)
             return _gpu_matvec(x, self.q, self.scale, self.bias)
