@@ -13,8 +13,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-
 FP8 = torch.float8_e4m3fn
 
 
@@ -55,7 +53,7 @@ class QuantLinear(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (_gpu_matvec and x.is_cuda and x.numel() <= MATVEC_MAX_ROWS * x.shape[-1] and x.dtype in _FLOATS
+        if (_gpu_matvec and x.is_cuda and x.numel() <= _matvec_rows * x.shape[-1] and x.dtype in _matvec_dtypes
                 and not (x.requires_grad and torch.is_grad_enabled())):  # (the kernel has no backward)
             if torch.compiler.is_compiling():  # the custom op: one node of the compiled graph
                 return torch.ops.labkit.dequant_matvec(x, self.q, self.scale, self.bias)
@@ -64,19 +62,19 @@ class QuantLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-MATVEC_MAX_ROWS = 8  # labkit.kernels.dequant_matvec.MAX_ROWS (not imported here: that imports Triton)
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-# labkit's one-byte matrix-vector kernel once a QuantLinear's weights are on a GPU: imported then (a CPU run never
-# imports Triton for it), with the custom op torch.compile traces (it cannot import while tracing); False where
-# labkit's kernels are interpreted (labkit.setup() chose the CPU).
+# labkit's one-byte matrix-vector kernel once a QuantLinear's weights are on a GPU, with the rows and x dtypes it
+# takes: imported then (a CPU run never imports Triton for it), with the custom op torch.compile traces (it cannot
+# import while tracing); False where labkit's kernels are interpreted (labkit.setup() chose the CPU).
 _gpu_matvec = None
+_matvec_rows, _matvec_dtypes = 0, ()
 
 
 def _load_gpu_matvec() -> None:
-    global _gpu_matvec
+    global _gpu_matvec, _matvec_rows, _matvec_dtypes
     if _gpu_matvec is None:
         kernel = importlib.import_module("labkit.kernels.dequant_matvec")
         importlib.import_module("labkit.kernels.ops")  # registers labkit::dequant_matvec
+        _matvec_rows, _matvec_dtypes = kernel.MAX_ROWS, kernel.X_DTYPES
         _gpu_matvec = False if kernel.INTERPRETED else kernel.dequant_matvec
 
 

@@ -20,11 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels._common import (INTERPRETED, Launcher, PlanCache, cdiv, check_same_device,
+from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, Launcher, PlanCache, cdiv, check_same_device,
                                     check_tensor, next_pow2, num_sms)
 
 MAX_ROWS = 8  # rows of x one call takes (more rows: a matmul of converted weights is the faster product)
 WEIGHT_DTYPES = (torch.int8, torch.float8_e4m3fn)
+X_DTYPES = FLOAT_DTYPES  # x, scale and bias
 
 
 def min_bytes(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16) -> int:
@@ -105,9 +106,9 @@ _PLANS = PlanCache()
 _kernel = Launcher(dequant_matvec_kernel)
 
 
-def _plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device) -> tuple[tuple, dict]:
+def _plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device, has_bias: bool) -> tuple[tuple, dict]:
     """(grid, constexprs and num_warps) for M rows of x in `dtype`, N outputs, K inputs, cached."""
-    key = (M, N, K, dtype, device)
+    key = (M, N, K, dtype, device, has_bias)
     found = _PLANS.get(key)
     if found is None:
         plan = ONE_ROW if M == 1 else FEW_ROWS
@@ -120,7 +121,7 @@ def _plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device) -> t
         found = _PLANS.put(key, ((cdiv(N, block_n),), dict(
             BLOCK_N=block_n, BLOCK_K=block_k, STAGES=plan.stages, DOT=M > 1,
             IEEE=dtype == torch.float32 or INTERPRETED,  # (the interpreter's 16-bit dot misreads converted weights)
-            num_warps=1 if INTERPRETED else plan.warps)))
+            HAS_BIAS=has_bias, num_warps=1 if INTERPRETED else plan.warps)))
     return found
 
 
@@ -128,12 +129,12 @@ def dequant_matvec(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: 
                    ) -> torch.Tensor:
     """(x @ q.T) * scale + bias for x of shape (..., K) with at most MAX_ROWS rows, q int8 or fp8 e4m3 of shape
     (N, K), scale and bias of shape (N,): y of shape (..., N) in x's dtype, summed in fp32 and rounded once."""
-    check_tensor("dequant_matvec", "x", x)
+    check_tensor("dequant_matvec", "x", x, X_DTYPES)
     check_tensor("dequant_matvec", "q", q, WEIGHT_DTYPES)
-    check_tensor("dequant_matvec", "scale", scale)
+    check_tensor("dequant_matvec", "scale", scale, X_DTYPES)
     named = dict(x=x, q=q, scale=scale)
     if bias is not None:
-        named["bias"] = check_tensor("dequant_matvec", "bias", bias)
+        named["bias"] = check_tensor("dequant_matvec", "bias", bias, X_DTYPES)
     check_same_device("dequant_matvec", **named)
     if x.dim() == 0 or q.dim() != 2 or q.shape[1] != x.shape[-1]:
         raise ValueError(f"dequant_matvec: q must be (N, K) with K = x.shape[-1]; got x {tuple(x.shape)}, "
@@ -159,7 +160,7 @@ def dequant_matvec(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: 
         if K == 0:
             y.copy_((scale * 0 if bias is None else bias).expand(M, N))
         else:
-            grid, meta = _plan(M, N, K, x.dtype, x.device)
+            grid, meta = _plan(M, N, K, x.dtype, x.device, bias is not None)
             _kernel.launch(grid, (x2, q, scale, scale if bias is None else bias, y, M, N, K, x2.stride(0),
-                                  q.stride(0), N), {**meta, "HAS_BIAS": bias is not None})
+                                  q.stride(0), N), meta)
     return y.view(*x.shape[:-1], N)
