@@ -49,17 +49,25 @@ def test_a_reply_is_read_whole_and_anything_else_is_refused():
 @contextlib.contextmanager
 def fake_side(first: str, each_round: str):
     """(process, Side) of a fake that serves requests as the grading child does: `first` runs once, then
-    `each_round` (with `req` and the reply pipe `fd`) for every request until the end one."""
+    `each_round` (with `req` and the reply pipe `fd`) for every request until the end one. It is yielded once its
+    imports are done (torch's takes seconds on a loaded machine), so that a round's time is the fake's own."""
     code = ("import json, os, sys, time\n"
+            "import torch\n"
             "from labkit.grading import rounds, seal\n"
-            "fd = int(sys.argv[1])\n" + first +
+            "fd = int(sys.argv[1])\n"
+            "os.write(int(sys.argv[2]), b'r')\n" + first +
             "while True:\n"
             "    req = json.loads(seal.read_frame(0))\n"
             "    if req.get('end'):\n"
             "        break\n" + textwrap.indent(each_round, "    "))
     r, w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-c", code, str(w)], stdin=subprocess.PIPE, pass_fds=(w,))
+    ready_r, ready_w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", code, str(w), str(ready_w)], stdin=subprocess.PIPE,
+                            pass_fds=(w, ready_w))
     os.close(w)
+    os.close(ready_w)
+    os.read(ready_r, 1)  # (empty if the fake died first: its test then fails on the replies)
+    os.close(ready_r)
     try:
         yield proc, rounds.Side(proc.stdin, r)
     finally:
