@@ -130,7 +130,26 @@ def triton_device_and_stream() -> tuple[Callable[[], int], Callable[[int], int]]
     """The functions Triton's own launch calls for the current device's index and its current stream's handle."""
     from triton.runtime import driver
 
-    return driver.active.get_current_device, driver.active.get_current_stream
+    device = driver.active.get_current_device
+    if device is torch.cuda.current_device and hasattr(torch._C, "_cuda_getDevice"):
+        # the same index without the Python wrapper's lazy-init check (the launches that ask come after CUDA's start)
+        device = torch._C._cuda_getDevice
+    return device, driver.active.get_current_stream
+
+
+def autograd_apply(cls: type) -> Callable[..., Any]:
+    """cls.apply for a torch.autograd.Function subclass without setup_context, minus the Python wrapper's per-call
+    checks (a few microseconds a call, issue 39): the C++ apply directly, unless a functorch transform (vmap,
+    grad...) is active, which takes the wrapper's own path."""
+    apply = cls.apply
+    raw = getattr(super(torch.autograd.Function, cls), "apply", None)
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    if raw is None or active is None or "setup_context" in vars(cls):
+        return apply
+
+    def fast_apply(*args: Any) -> Any:
+        return apply(*args) if active() else raw(*args)
+    return fast_apply
 
 
 def triton_interpreter() -> ModuleType | None:

@@ -171,3 +171,45 @@ def test_gluon_kernel_compiles_to_tf32_wgmma_from_registers():
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert done.stdout.count("ok") == len(compat.gluon_matmul(warn=False).CONFIGS)
+
+
+class _Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy * 2
+
+
+def test_autograd_apply_records_the_function_and_hands_functorch_transforms_to_the_wrapper():
+    fast = compat.autograd_apply(_Double)
+    x = torch.randn(5, requires_grad=True)
+    y = fast(x)
+    assert type(y.grad_fn).__name__ == "_DoubleBackward"
+    torch.testing.assert_close(torch.autograd.grad(y.sum(), x)[0], torch.full((5,), 2.0))
+    # under vmap the wrapper's own path runs: it refuses a Function without setup_context, as _Double.apply does
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.vmap(fast)(torch.randn(3, 4))
+
+
+def test_autograd_apply_keeps_the_wrapper_for_a_function_with_setup_context():
+    class WithSetup(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return x * 3
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, dy):
+            return dy * 3
+
+    assert compat.autograd_apply(WithSetup) == WithSetup.apply
+    vmapped = torch.func.vmap(compat.autograd_apply(WithSetup))(torch.ones(2, 3))
+    torch.testing.assert_close(vmapped, torch.full((2, 3), 3.0))

@@ -191,7 +191,7 @@ def sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     enough programs to keep this short (a few blocks over wide ones left most SMs idle).
     """
     T, P, N = partial.shape
-    out = torch.empty((T, N), dtype=dtype, device=partial.device)
+    out = torch.empty(T, N, dtype=dtype, device=partial.device)
     _sum_partials.launch((cdiv(N, _SUM_META["BLOCK_N"]), T), (partial, out, P, N), _SUM_META)
     return out
 
@@ -220,7 +220,7 @@ SPLIT_STAGES = (1, 2) if INTERPRETED else (0,)
 def split_exchange(M: int, splits: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """What the programs sharing rows exchange through: fp32 (M, splits, 2) partials, one pair per chunk,
     and int32 (M + 1,) zeros, the chunks arrived per row and, last, the ticket counter (see split_ticket)."""
-    return (torch.empty((M, splits, 2), dtype=torch.float32, device=device),
+    return (torch.empty(M, splits, 2, dtype=torch.float32, device=device),
             torch.zeros(M + 1, dtype=torch.int32, device=device))
 
 

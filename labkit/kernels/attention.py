@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from labkit import compat
 from labkit.kernels._common import INTERPRETED, Launcher, cdiv, check_same_device, check_same_dtype, check_tensor
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -302,8 +303,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     """
     B, H, N, D = q.shape
     N_K = k.shape[2]
-    o = torch.empty((B, H, N, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B * H, N), dtype=torch.float32, device=q.device)
+    o = torch.empty(B, H, N, D, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B * H, N, dtype=torch.float32, device=q.device)
     args = (q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o), H, N, N_K, scale * LOG2E)
     if tiles is None and INTERPRETED:
         tiles = (*INTERP_FWD, 1, 1)
@@ -326,10 +327,10 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     N_K = k.shape[2]
     if do.stride(-1) != 1:
         do = do.contiguous()
-    dq = torch.empty((B, H, N, D), dtype=q.dtype, device=q.device)
-    dk = torch.empty((B, H, N_K, D), dtype=k.dtype, device=q.device)
-    dv = torch.empty((B, H, N_K, D), dtype=v.dtype, device=q.device)
-    delta = torch.empty((B * H, N), dtype=torch.float32, device=q.device)
+    dq = torch.empty(B, H, N, D, dtype=q.dtype, device=q.device)
+    dk = torch.empty(B, H, N_K, D, dtype=k.dtype, device=q.device)
+    dv = torch.empty(B, H, N_K, D, dtype=v.dtype, device=q.device)
+    delta = torch.empty(B * H, N, dtype=torch.float32, device=q.device)
     if INTERPRETED:
         bm, bn, warps, stages = (*INTERP_BWD, 1, 1)
     else:
@@ -356,6 +357,9 @@ class Attention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = attention_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
         return dq, dk, dv, None, None
+
+
+_attention_apply = compat.autograd_apply(Attention)  # Attention.apply without the Python wrapper's per-call checks
 
 
 def _last_dim_unit(t: torch.Tensor) -> torch.Tensor:
@@ -393,4 +397,4 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     scale = D ** -0.5 if scale is None else float(scale)
     if not scale > 0:
         raise ValueError(f"attention: scale must be positive; got {scale}.")
-    return Attention.apply(_last_dim_unit(q), _last_dim_unit(k), _last_dim_unit(v), bool(causal), scale)
+    return _attention_apply(_last_dim_unit(q), _last_dim_unit(k), _last_dim_unit(v), bool(causal), scale)

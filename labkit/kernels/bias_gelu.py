@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from labkit import compat
 from labkit.kernels._common import (INTERPRETED, Launcher, PlanCache, builds_graph, cdiv, check_inputs as _check,
                                     next_pow2, num_sms, pipeline_stages, rows_2d, sum_partials)
 
@@ -138,24 +139,24 @@ def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """The forward kernel alone (no autograd): gelu_tanh(x + bias)."""
     x2 = rows_2d(x)
     M, N = x2.shape
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M and N:
         grid, meta = _fwd_launch(M, N, x.dtype, x.device)
         _fwd.launch(grid, (x2, bias, y, M, N, x2.stride(0), N), meta)
-    return y if x.dim() == 2 else y.view(x.shape)
+    return y if x.dim() == 2 else y.view(*x.shape)
 
 
 def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The backward kernel alone: (dx, dbias) for upstream gradient dy."""
     x2, dy2 = rows_2d(x), rows_2d(dy)
     M, N = x2.shape
-    dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    dx = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if not (M and N):
-        return dx.view(x.shape), torch.zeros(N, dtype=bias.dtype, device=x.device)
+        return dx.view(*x.shape), torch.zeros(N, dtype=bias.dtype, device=x.device)
     grid, programs, row_tiles, meta = _bwd_launch(M, N, x.dtype, x.device)
-    partial = torch.empty((1, programs, N), dtype=torch.float32, device=x.device)
+    partial = torch.empty(1, programs, N, dtype=torch.float32, device=x.device)
     _bwd.launch(grid, (dy2, x2, bias, dx, partial, M, N, dy2.stride(0), x2.stride(0), N, row_tiles, programs), meta)
-    return (dx if x.dim() == 2 else dx.view(x.shape)), sum_partials(partial, bias.dtype)[0]
+    return (dx if x.dim() == 2 else dx.view(*x.shape)), sum_partials(partial, bias.dtype)[0]
 
 
 class BiasGelu(torch.autograd.Function):
@@ -169,6 +170,9 @@ class BiasGelu(torch.autograd.Function):
         x, bias = ctx.saved_tensors
         dx, dbias = bias_gelu_backward(dy, x, bias)
         return dx, dbias
+
+
+_bias_gelu_apply = compat.autograd_apply(BiasGelu)  # BiasGelu.apply without the Python wrapper's per-call checks
 
 
 def check_inputs(x: torch.Tensor, bias: torch.Tensor) -> None:
@@ -190,7 +194,7 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     check_inputs(x, bias)
     bias = bias.contiguous()
     if builds_graph(x, bias):
-        return BiasGelu.apply(x, bias)
+        return _bias_gelu_apply(x, bias)
     return bias_gelu_forward(x, bias)  # no graph to record: no autograd.Function
 
 

@@ -155,7 +155,7 @@ def dequant_matvec(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: 
         q = q.contiguous()
     scale = scale.contiguous()
     bias = None if bias is None else bias.contiguous()
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M and N:
         if K == 0:
             y.copy_((scale * 0 if bias is None else bias).expand(M, N))

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from labkit import compat
 from labkit.kernels.cluster import rtc
 from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, Launcher, PlanCache, arrive, builds_graph, cdiv,
                                     check_inputs, next_pow2, num_sms, pipeline_stages, row_tile, rows_2d,
@@ -290,7 +291,7 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     x2 = rows_2d(x)
     M, N = x2.shape
     device = x.device
-    y = torch.empty((M, N), dtype=x.dtype, device=device)
+    y = torch.empty(M, N, dtype=x.dtype, device=device)
     mean = rstd = None
     if stats:
         mean = torch.empty(M, dtype=torch.float32, device=device)
@@ -299,7 +300,7 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         grid, tiles, meta = _fwd_launch(M, N, x.dtype, device, stats)
         stat_ptrs = (mean, rstd) if stats else (y, y)  # (unwritten without STATS: any pointer will do)
         _fwd.launch(grid, (x2, weight, bias, y, *stat_ptrs, M, N, x2.stride(0), N, eps, tiles), meta)
-    return (y if x.dim() == 2 else y.view(x.shape)), mean, rstd
+    return (y if x.dim() == 2 else y.view(*x.shape)), mean, rstd
 
 
 def _bwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple:
@@ -324,14 +325,14 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     x2, dy2 = rows_2d(x), rows_2d(dy)
     M, N = x2.shape
     device = x.device
-    dx = torch.empty((M, N), dtype=x.dtype, device=device)
+    dx = torch.empty(M, N, dtype=x.dtype, device=device)
     if not (M and N):  # no rows (or no columns): nothing to add up
-        dwb = torch.zeros((2, N), dtype=weight.dtype, device=device)
-        return (dx.view(x.shape), dwb) if stacked else (dx.view(x.shape), *dwb)
+        dwb = torch.zeros(2, N, dtype=weight.dtype, device=device)
+        return (dx.view(*x.shape), dwb) if stacked else (dx.view(*x.shape), *dwb.unbind())
     plan = _bwd_launch(M, N, x.dtype, device)
     if plan[0] == "rows":  # whole rows
         _, grid, programs, tiles, meta = plan
-        partial = torch.empty((2, programs, N), dtype=torch.float32, device=device)
+        partial = torch.empty(2, programs, N, dtype=torch.float32, device=device)
         _bwd.launch(grid, (dy2, x2, weight, mean, rstd, dx, partial, M, N, dy2.stride(0), x2.stride(0), N, tiles),
                     meta)
     else:  # split rows: the cluster kernel where it can run, else Triton's split kernel
@@ -339,8 +340,8 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         if partial is None:
             partial = _backward_split(dy2, x2, weight, mean, rstd, dx, plan[1])
     dwb = sum_partials(partial, weight.dtype)
-    dx = dx if x.dim() == 2 else dx.view(x.shape)
-    return (dx, dwb) if stacked else (dx, *dwb)
+    dx = dx if x.dim() == 2 else dx.view(*x.shape)
+    return (dx, dwb) if stacked else (dx, *dwb.unbind())  # (unbind: one call, not a Python loop over rows)
 
 
 def _backward_split(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
@@ -348,7 +349,7 @@ def _backward_split(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, m
     """dx written by Triton's split kernel (`plan` from _split_plan), and its fp32 (2, groups, N) partial sums."""
     M, N = x2.shape
     chunk, splits, groups, split_warps = plan
-    partial = torch.empty((2, groups, N), dtype=torch.float32, device=x2.device)
+    partial = torch.empty(2, groups, N, dtype=torch.float32, device=x2.device)
     exchange, count = split_exchange(M, splits, x2.device)
     args = (exchange, count, M, splits, groups, dy2, x2, weight, mean, rstd, dx, partial, N, dy2.stride(0),
             x2.stride(0), dx.stride(0))
@@ -376,7 +377,7 @@ def _backward_cluster(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor,
         return None
     kernel, resident = compiled
     clusters = max(1, min(M, per_sm * num_sms(x2.device) // cluster, resident))
-    partial = torch.empty((2, clusters, N), dtype=torch.float32, device=x2.device)
+    partial = torch.empty(2, clusters, N, dtype=torch.float32, device=x2.device)
     kernel(clusters * cluster, threads, dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N, N // per_vec,
            dy2.stride(0) // per_vec, x2.stride(0) // per_vec, dx.stride(0) // per_vec)
     return partial
@@ -394,6 +395,9 @@ class LayerNorm(torch.autograd.Function):
         x, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = layer_norm_backward(dy, x, weight, mean, rstd)
         return dx, dw, db, None
+
+
+_layer_norm_apply = compat.autograd_apply(LayerNorm)  # LayerNorm.apply without the Python wrapper's per-call checks
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -416,5 +420,5 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
                          f"use torch.nn.functional.layer_norm for them.")
     weight, bias = weight.contiguous(), bias.contiguous()
     if builds_graph(x, weight, bias):
-        return LayerNorm.apply(x, weight, bias, float(eps))
+        return _layer_norm_apply(x, weight, bias, float(eps))
     return layer_norm_forward(x, weight, bias, float(eps), stats=False)[0]  # no graph to record: no Function

@@ -187,7 +187,7 @@ TRANSPOSE_TILE = (64, 64)  # 16 KiB of fp32 per program
 def transpose(x: torch.Tensor) -> torch.Tensor:
     """x.t().contiguous() for a 2-D tensor, in one tiled pass (about copy bandwidth: 2 R C element bytes)."""
     R, C = x.shape
-    y = torch.empty((C, R), dtype=x.dtype, device=x.device)
+    y = torch.empty(C, R, dtype=x.dtype, device=x.device)
     if R and C:
         br, bc = TRANSPOSE_TILE
         transpose_kernel[(cdiv(R, br) * cdiv(C, bc),)](
@@ -316,7 +316,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     (da = dc @ b^T, db = a^T @ dc).
     """
     if builds_graph(a, b):
-        return _Matmul.apply(a, b)
+        return _matmul_apply(a, b)
     return _matmul(a, b)
 
 
@@ -335,6 +335,9 @@ class _Matmul(torch.autograd.Function):
         return da, db
 
 
+_matmul_apply = compat.autograd_apply(_Matmul)  # _Matmul.apply without the Python wrapper's per-call checks
+
+
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     check_tensor("matmul", "a", a, FLOAT_DTYPES)
     check_tensor("matmul", "b", b, FLOAT_DTYPES)
@@ -351,7 +354,7 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if max(M * K, K * N, M * N) >= 2**31:
         raise ValueError(f"matmul: ({M} x {K}) @ ({K} x {N}) has a matrix of 2^31 elements or more, beyond this "
                          f"kernel's 32-bit offsets; split the problem into blocks.")
-    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    c = torch.empty(M, N, dtype=a.dtype, device=a.device)
     if M == 0 or N == 0:
         return c
     if K == 0:

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from labkit import compat
 from labkit.kernels.cluster import rtc
 from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, Launcher, PlanCache, arrive, builds_graph, cdiv,
                                     check_tensor, next_pow2, num_sms, row_tile, rows_2d, split_exchange, split_ticket,
@@ -146,7 +147,7 @@ def softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = No
     Differentiable: when x requires grad, the backward is dx = y * (dy - sum(dy * y)) (in PyTorch, fp32).
     """
     if builds_graph(x):
-        return _Softmax.apply(x, online, split)
+        return _softmax_apply(x, online, split)
     return _softmax(x, online, split)
 
 
@@ -163,6 +164,9 @@ class _Softmax(torch.autograd.Function):
         y32, dy32 = y.float(), dy.float()
         dx = y32 * (dy32 - (dy32 * y32).sum(dim=-1, keepdim=True))
         return dx.to(y.dtype), None, None
+
+
+_softmax_apply = compat.autograd_apply(_Softmax)  # _Softmax.apply without the Python wrapper's per-call checks
 
 
 def use_split(M: int, N: int, dtype: torch.dtype, device: torch.device) -> bool:
@@ -253,9 +257,9 @@ def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = N
         raise ValueError("softmax: x must have at least one dimension; got a 0-d tensor (use x.reshape(1)).")
     x2 = rows_2d(x)
     M, N = x2.shape
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if not (M and N):
-        return y.view(x.shape)
+        return y.view(*x.shape)
     key = (M, N, x.dtype, x.device, online, split)
     plan = _PLANS.get(key)
     if plan is None:
@@ -266,7 +270,7 @@ def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = N
     else:
         launcher, grid, meta = plan
         launcher.launch(grid, (x2, y, M, N, x2.stride(0), N), meta)
-    return y if x.dim() == 2 else y.view(x.shape)
+    return y if x.dim() == 2 else y.view(*x.shape)
 
 
 # ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from labkit import compat
 from labkit.kernels._common import (FLOAT_DTYPES, INTERPRETED, Launcher, builds_graph, cdiv, check_same_device,
                                     check_same_dtype, check_tensor)
 
@@ -54,7 +55,7 @@ def vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     Differentiable: when x or y requires grad, the result carries a backward (dx = dy = dz).
     """
     if builds_graph(x, y):
-        return _VectorAdd.apply(x, y)
+        return _vector_add_apply(x, y)
     return _vector_add(x, y)
 
 
@@ -66,6 +67,9 @@ class _VectorAdd(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dz):
         return dz, dz
+
+
+_vector_add_apply = compat.autograd_apply(_VectorAdd)  # _VectorAdd.apply without the Python wrapper's per-call checks
 
 
 def _vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
