@@ -169,3 +169,22 @@ def test_quack_and_liger_peers_are_none_without_a_gpu(monkeypatch):
     from labkit.kernels import _bench
     monkeypatch.setattr(device, "current", lambda: types.SimpleNamespace(is_gpu=False))
     assert _bench.peer("softmax", "quack") is None and _bench.peer("layer_norm", "liger") is None
+
+
+def test_host_times_of_a_row_are_interleaved_so_a_drift_of_the_host_falls_on_each_alike(monkeypatch):
+    # A host that slows down while the row is measured (each call costs more than the one before): two calls of
+    # equal cost must come out within 10% of each other. Measured one after the other, the second looks 1.2x slower.
+    clock, issued = [0.0], [0]
+
+    def call():
+        issued[0] += 1
+        clock[0] += 1e-6 * (1 + issued[0] / 200)
+
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench.compat, "gpu_sleep", lambda: (lambda cycles: None))
+    got = bench.host_us_paired({"labkit": call, "eager": lambda: call()}, quick_cpu=False)
+    assert set(got) == {"labkit", "eager"}
+    assert got["labkit"] == pytest.approx(got["eager"], rel=0.1)
+    alone = [bench.host_us(call, quick_cpu=False) for _ in range(2)]  # one after the other: the drift shows
+    assert alone[1] > 1.15 * alone[0]

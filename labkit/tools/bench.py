@@ -90,29 +90,42 @@ HOST_CALLS, HOST_REPEATS = 20, 5  # calls issued back to back per sample, sample
 
 
 def host_us(fn, quick_cpu: bool) -> float:
-    """Microseconds the host takes to issue one call of fn: HOST_CALLS calls timed with the host clock behind a
-    GPU sleep long enough that no call waits for the GPU (nor for a full launch queue); median of HOST_REPEATS.
-    On a CPU the call does its work, so this is its whole time."""
-    t0 = time.perf_counter()
-    fn()
-    first_s = time.perf_counter() - t0
+    """Microseconds the host takes to issue one call of fn (see host_us_paired)."""
+    return host_us_paired({"fn": fn}, quick_cpu)["fn"]
+
+
+def host_us_paired(fns: dict, quick_cpu: bool) -> dict[str, float]:
+    """Microseconds the host takes to issue one call of each of `fns`: HOST_CALLS calls timed with the host clock
+    behind a GPU sleep long enough that no call waits for the GPU (nor for a full launch queue); median of
+    HOST_REPEATS samples. The samples of all of `fns` are interleaved (labkit's, eager's, a peer's, then again in
+    another order), so a change in the host's speed during the row (another process, the CPU's clock, where the
+    scheduler puts the autograd thread) falls on each of them alike: measured on an H100 host, the same call's host
+    time differed up to 2x between processes. On a CPU the call does its work, so this is its whole time."""
     calls, repeats = (2, 1) if quick_cpu else (HOST_CALLS, HOST_REPEATS)  # the interpreter is slow: a smoke test
-    # GPU cycles (~2 GHz) to sleep: three times what issuing the calls took the first time, 25 to 500 ms (the
-    # callers time fn first, so its first call here compiles nothing)
-    cycles = int(2e9 * min(0.5, max(0.025, 3 * calls * first_s)))
     sleep = compat.gpu_sleep() or (lambda _cycles: None)  # without it the calls may wait for the GPU: an upper bound
-    samples = []
-    for _ in range(repeats):
-        if not quick_cpu:
-            torch.cuda.synchronize()
-            sleep(cycles)  # the GPU stays busy while the calls are issued: none waits for it
+    cycles = {}
+    for name, fn in fns.items():
         t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
+        fn()
+        first_s = time.perf_counter() - t0
+        # GPU cycles (~2 GHz) to sleep: three times what issuing the calls took the first time, 25 to 500 ms (the
+        # callers time fn first, so its first call here compiles nothing)
+        cycles[name] = int(2e9 * min(0.5, max(0.025, 3 * calls * first_s)))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # each one first in turn
+            fn = fns[name]
+            if not quick_cpu:
+                torch.cuda.synchronize()
+                sleep(cycles[name])  # the GPU stays busy while the calls are issued: none waits for it
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / calls * 1e6)
     if not quick_cpu:
         torch.cuda.synchronize()
-    return statistics.median(samples)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def _ceiling(ceil, case: BenchCase, dtype_name: str) -> float | None:
@@ -141,18 +154,19 @@ def run_kernel(case: BenchCase, sizes: list[str], dtypes: list[str], use_compile
                 tqdm.write(f"{case.name} {timed.shape} {dtype_name}: skipped, a CUDA graph cannot capture it: "
                            f"{str(exc).splitlines()[0][:120]}")
                 continue
-            base, base_host = {}, {}
+            base, hosted = {}, {"labkit": timed.triton}
             for name in case.baselines:
                 fn = timed.baselines.get(name)
                 try:
                     base[name] = _time(fn, quick_cpu, cuda_graph).median_ms if fn is not None else None
-                    if name in HOST_PEERS and fn is not None:
-                        base_host[name] = host_us(fn, quick_cpu)
                 except Exception as exc:  # a baseline that cannot run here (e.g. torch.compile without a compiler)
                     tqdm.write(f"{case.name} {timed.shape} {dtype_name}: {name} baseline failed: "
                                f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
                     base[name] = None
-            mine_host = host_us(timed.triton, quick_cpu)
+                if name in HOST_PEERS and base[name] is not None:
+                    hosted[name] = fn
+            base_host = host_us_paired(hosted, quick_cpu)  # labkit's and the peers' samples interleaved
+            mine_host = base_host.pop("labkit")
         rows.append(make_row(case, timed.shape, dtype_name, t, timed.work, ceil, base, mine_host, base_host))
         del timed
         if labkit.current().is_gpu:
