@@ -188,3 +188,18 @@ def test_host_times_of_a_row_are_interleaved_so_a_drift_of_the_host_falls_on_eac
     assert got["labkit"] == pytest.approx(got["eager"], rel=0.1)
     alone = [bench.host_us(call, quick_cpu=False) for _ in range(2)]  # one after the other: the drift shows
     assert alone[1] > 1.15 * alone[0]
+
+
+def test_backward_rows_show_the_autograd_floor_beside_labkit_and_eager(tmp_path, capsys):
+    # The floor is a Function that launches nothing: it returns gradients of the inputs' shapes, and its host time
+    # is reported beside labkit's and eager's.
+    from labkit.kernels._bench import autograd_floor
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+    grads = autograd_floor((x, w), torch.ones(4, 8))()
+    assert [g.shape for g in grads] == [x.shape, w.shape]
+    grads = autograd_floor((x, w), torch.ones(4, 8), backward_only=True)()
+    assert [g.shape for g in grads] == [x.shape, w.shape]
+    assert bench.main(["layer_norm_fb", "--sizes", "3x17", "--save", str(tmp_path / "b")]) == 0
+    assert "floor host us" in capsys.readouterr().out
+    row = json.loads((tmp_path / "b.json").read_text())["rows"][0]
+    assert row["baseline_host_us"]["floor"] > 0 and row["baseline_host_us"]["eager"] > 0

@@ -5,7 +5,7 @@ in `labkit.kernels.BENCHMARKED` and times what each case's `make(dims, dtype, us
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -21,6 +21,7 @@ class Timed:
     triton: Callable[[], object]
     baselines: dict[str, Callable[[], object] | None]
     work: float  # bytes (memory-bound kernels) or FLOPs (unit "TFLOP/s")
+    host_only: dict[str, Callable[[], object]] = field(default_factory=dict)  # calls whose host time alone is shown
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,33 @@ def grad_fn(fn, inputs, dy):
             built.append(fn(*inputs))
         return torch.autograd.grad(built[0], inputs, dy, retain_graph=True)
     return backward
+
+
+class _Floor(torch.autograd.Function):
+    """An autograd Function that allocates its output and its inputs' gradients and launches nothing."""
+
+    @staticmethod
+    def forward(ctx, x, *rest):
+        ctx.save_for_backward(x, *rest)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return tuple(torch.empty_like(t) for t in ctx.saved_tensors)
+
+
+_floor = compat.autograd_apply(_Floor)  # applied as labkit's kernels apply theirs
+
+
+def autograd_floor(inputs: tuple[torch.Tensor, ...], dy: torch.Tensor, backward_only: bool = False):
+    """The least host time a Python autograd Function on these inputs costs a forward+backward through
+    torch.autograd.grad (or the backward alone, as grad_fn times it): it allocates the output and the gradients,
+    launches nothing. What is left of a kernel's host time above it is the kernel's own (argument checks, plans,
+    allocations, launches); the floor itself is PyTorch's (the Function's node, the autograd engine handing the
+    backward to its device thread and back)."""
+    if backward_only:
+        return grad_fn(_floor, inputs, dy)
+    return lambda: torch.autograd.grad(_floor(*inputs), inputs, dy)
 
 
 def randn(*shape: int, dtype: torch.dtype) -> torch.Tensor:

@@ -199,7 +199,8 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 
 
 # ---- labkit bench: the cases `labkit bench` times (see labkit/kernels/_bench.py)
-from labkit.kernels._bench import BenchCase, Timed, bind, grad_fn, maybe_compile, randn, rows_cols  # noqa: E402
+from labkit.kernels._bench import (BenchCase, Timed, autograd_floor, bind, grad_fn, maybe_compile, randn,  # noqa: E402
+                                   rows_cols)
 
 
 def _bench(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
@@ -219,7 +220,8 @@ def _bench_bwd(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> 
     return Timed(f"{M}x{N}", grad_fn(bias_gelu, (x, b), dy),
                  {"eager": grad_fn(reference, (x, b), dy),
                   "compile": grad_fn(maybe_compile(reference, use_compile), (x, b), dy)},
-                 min_bytes((M, N), dtype, backward=True))
+                 min_bytes((M, N), dtype, backward=True),
+                 host_only={"floor": autograd_floor((x, b), dy, backward_only=True)})
 
 
 def bench_cases() -> list[BenchCase]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from labkit.kernels._bench import BenchCase, Timed, bind, grad_fn, maybe_compile, peer, randn, rows_cols
+from labkit.kernels._bench import (BenchCase, Timed, autograd_floor, bind, grad_fn, maybe_compile, peer, randn,
+                                   rows_cols)
 from labkit.kernels.layer_norm import layer_norm, min_bytes, reference
 
 
@@ -34,7 +35,8 @@ def _bench_fb(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> T
     return Timed(f"{M}x{N}", fb(layer_norm),
                  {"eager": fb(reference), "compile": fb(maybe_compile(reference, use_compile)),
                   "liger": fb(peer("layer_norm"))},
-                 min_bytes((M, N), dtype) + min_bytes((M, N), dtype, backward=True))
+                 min_bytes((M, N), dtype) + min_bytes((M, N), dtype, backward=True),
+                 host_only={"floor": autograd_floor((x, w, b), dy)})
 
 
 def _bench_bwd(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> Timed:
@@ -43,7 +45,8 @@ def _bench_bwd(dims: tuple[int, ...], dtype: torch.dtype, use_compile: bool) -> 
                  {"eager": grad_fn(reference, (x, w, b), dy),
                   "compile": grad_fn(maybe_compile(reference, use_compile), (x, w, b), dy),
                   "liger": grad_fn(peer("layer_norm"), (x, w, b), dy)},
-                 min_bytes((M, N), dtype, backward=True))
+                 min_bytes((M, N), dtype, backward=True),
+                 host_only={"floor": autograd_floor((x, w, b), dy, backward_only=True)})
 
 
 def bench_cases() -> list[BenchCase]:

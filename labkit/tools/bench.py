@@ -13,7 +13,9 @@ GPU spends on the flush and the call. --cuda-graph times replays of a CUDA graph
 On a machine without a GPU it runs tiny sizes through the Triton interpreter (a smoke test:
 the times mean nothing there).
 Beside each time, "host us" is what issuing one call costs the host (microseconds, the GPU kept busy so
-nothing waits on it), with eager PyTorch's and the production peers' (Liger-Kernel, quack) beside it.
+nothing waits on it), with eager PyTorch's and the production peers' (Liger-Kernel, quack) beside it, sampled
+interleaved; backward rows add "floor host us", what an autograd Function that launches nothing costs the host
+there (labkit.kernels._bench.autograd_floor): the part of a backward's host time that is PyTorch's, not the kernel's.
 `--long-process` times the first case again after all the others (in one long process, as a training run calls
 it) and prints both.
 """
@@ -165,6 +167,7 @@ def run_kernel(case: BenchCase, sizes: list[str], dtypes: list[str], use_compile
                     base[name] = None
                 if name in HOST_PEERS and base[name] is not None:
                     hosted[name] = fn
+            hosted.update(timed.host_only)
             base_host = host_us_paired(hosted, quick_cpu)  # labkit's and the peers' samples interleaved
             mine_host = base_host.pop("labkit")
         rows.append(make_row(case, timed.shape, dtype_name, t, timed.work, ceil, base, mine_host, base_host))
@@ -174,7 +177,8 @@ def run_kernel(case: BenchCase, sizes: list[str], dtypes: list[str], use_compile
     return rows
 
 
-HOST_PEERS = ("eager", "torch", "liger", "quack")  # the PyTorch ops and production peers whose host time is shown
+# the PyTorch ops and production peers whose host time is shown, and the autograd floor (labkit.kernels._bench)
+HOST_PEERS = ("eager", "torch", "liger", "quack", "floor")
 
 
 def make_row(case: BenchCase, shape: str, dtype_name: str, t: Timing, work: float, ceil, base: dict,
