@@ -131,10 +131,15 @@ def triton_device_and_stream() -> tuple[Callable[[], int], Callable[[int], int]]
     from triton.runtime import driver
 
     device = driver.active.get_current_device
-    if device is torch.cuda.current_device and hasattr(torch._C, "_cuda_getDevice"):
-        # the same index without the Python wrapper's lazy-init check (the launches that ask come after CUDA's start)
-        device = torch._C._cuda_getDevice
+    if device is torch.cuda.current_device:  # the same index, without the wrapper (launches come after CUDA's start)
+        device = current_device_fn()
     return device, driver.active.get_current_stream
+
+
+def current_device_fn() -> Callable[[], int]:
+    """torch.cuda.current_device without its Python wrapper's lazy-init check (a few tenths of a microsecond a
+    call), for calls made once CUDA has started (a tensor on the GPU exists)."""
+    return getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 def autograd_apply(cls: type) -> Callable[..., Any]:

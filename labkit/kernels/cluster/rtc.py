@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 import warnings
 from pathlib import Path
 
@@ -36,21 +37,41 @@ def _driver() -> ctypes.CDLL:
 class Kernel:
     """A kernel compiled by `compile_kernel` for one GPU: kernel(grid, block, *args) launches grid x block
     threads (1-D), with `shared` bytes of dynamic shared memory a block, on that GPU's current stream; tensors
-    pass as their data pointers, ints as 32-bit ints."""
+    pass as their data pointers, ints as 32-bit ints.
+
+    The argument values are written into ctypes slots made at the first call (and again only when the kinds of
+    the arguments change), which the driver reads through one fixed array of pointers: no ctypes objects per
+    call (issue 39: the host path). A lock keeps two threads from filling the slots at once."""
 
     def __init__(self, func: ctypes.c_void_p, device_index: int, shared: int = 0):
         self.func, self.device_index, self.shared = func, device_index, shared
+        self._lock = threading.Lock()
+        self._kinds: tuple = ()
+        self._slots: list = []
+        self._pointers = None
+
+    def _make_slots(self, kinds: tuple) -> None:
+        self._slots = [ctypes.c_void_p() if tensor else ctypes.c_int() for tensor in kinds]
+        self._pointers = (ctypes.c_void_p * len(kinds))(*map(ctypes.addressof, self._slots))
+        self._kinds = kinds
 
     def __call__(self, grid: int, block: int, *args: torch.Tensor | int) -> None:
-        if torch.cuda.current_device() != self.device_index:
+        if _current_device() != self.device_index:
             with torch.cuda.device(self.device_index):
                 return self(grid, block, *args)
-        values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
-        pointers = (ctypes.c_void_p * len(values))(*map(ctypes.addressof, values))
-        error = _driver().cuLaunchKernel(self.func, grid, 1, 1, block, 1, 1, self.shared,
-                                         compat.current_raw_stream(self.device_index), pointers, None)
+        kinds = tuple(isinstance(a, torch.Tensor) for a in args)
+        with self._lock:
+            if kinds != self._kinds:
+                self._make_slots(kinds)
+            for slot, a, tensor in zip(self._slots, args, kinds):
+                slot.value = a.data_ptr() if tensor else a
+            error = _driver().cuLaunchKernel(self.func, grid, 1, 1, block, 1, 1, self.shared,
+                                             compat.current_raw_stream(self.device_index), self._pointers, None)
         if error:
             compat.check_cuda(error)
+
+
+_current_device = compat.current_device_fn()
 
 
 @functools.lru_cache(maxsize=None)
