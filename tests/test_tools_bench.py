@@ -186,7 +186,7 @@ def test_host_times_of_a_row_are_interleaved_so_a_drift_of_the_host_falls_on_eac
     got = bench.host_us_paired({"labkit": call, "eager": lambda: call()}, quick_cpu=False)
     assert set(got) == {"labkit", "eager"}
     assert got["labkit"] == pytest.approx(got["eager"], rel=0.1)
-    alone = [bench.host_us(call, quick_cpu=False) for _ in range(2)]  # one after the other: the drift shows
+    alone = [bench.host_us_paired({"call": call}, quick_cpu=False)["call"] for _ in range(2)]  # one after the other
     assert alone[1] > 1.15 * alone[0]
 
 

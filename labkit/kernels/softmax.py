@@ -209,15 +209,13 @@ def cluster_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> 
     return CLUSTER_THREADS, 0, cluster
 
 
-def _softmax_cluster(x2: torch.Tensor, y: torch.Tensor, launch: tuple[int, int, int] | None = None) -> bool:
-    """Softmax of x2's rows into y by the cluster kernel (`launch`: cluster_launch's, the plan's cached one or
-    worked out here); False (nothing done) where it cannot run: not a Hopper GPU, rows not in whole 16-byte
-    vectors (width, stride, start), rows too long, or no NVRTC."""
+def _softmax_cluster(x2: torch.Tensor, y: torch.Tensor) -> bool:
+    """Softmax of x2's rows into y by the cluster kernel; False (nothing done) where it cannot run: not a
+    Hopper GPU, rows not in whole 16-byte vectors (width, stride, start), rows too long, or no NVRTC."""
     M, N = x2.shape
     index = rtc.cluster_device(x2, y)
-    if launch is None and index is not None:
-        launch = cluster_launch(M, N, x2.dtype, x2.device)
-    if index is None or launch is None or M * launch[2] >= 2**31:
+    launch = cluster_launch(M, N, x2.dtype, x2.device) if index is not None else None
+    if launch is None or M * launch[2] >= 2**31:
         return False
     threads, staged, cluster = launch
     compiled = rtc.cluster_kernel("softmax", "softmax_cluster.cu", "softmax_cluster", index, threads * staged * 16,
@@ -237,12 +235,11 @@ _one_pass, _online, _split = Launcher(softmax_kernel), Launcher(softmax_online_k
 
 def _plan(M: int, N: int, dtype: torch.dtype, device: torch.device, online: bool | None,
           split: bool | None) -> tuple:
-    """("split", cluster_launch or None) or (launcher, grid, constexprs and num_warps) of the one-pass or streaming
-    kernel."""
+    """("split",) or (launcher, grid, constexprs and num_warps) of the one-pass or streaming kernel."""
     if split is None:
         split = online is None and use_split(M, N, dtype, device)
-    if split:  # with the cluster kernel's launch (None: rows too long for it, or no GPU)
-        return "split", cluster_launch(M, N, dtype, device) if device.type == "cuda" else None
+    if split:
+        return ("split",)
     if online is None:
         online = N > MAX_FUSED_COLS[dtype]
     if not online:
@@ -267,8 +264,8 @@ def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = N
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.put(key, _plan(M, N, x.dtype, x.device, online, split))
-    if len(plan) == 2:  # split rows: the cluster kernel where it can run (alignment), else Triton's split kernel
-        if plan[1] is None or not _softmax_cluster(x2, y, plan[1]):
+    if len(plan) == 1:  # split rows: the cluster kernel where it can run (alignment), else Triton's split kernel
+        if not _softmax_cluster(x2, y):
             _softmax_split(x2, y)
     else:
         launcher, grid, meta = plan

@@ -91,11 +91,6 @@ def _time(fn, quick_cpu: bool, cuda_graph: bool = False) -> Timing:
 HOST_CALLS, HOST_REPEATS = 20, 5  # calls issued back to back per sample, samples (median)
 
 
-def host_us(fn, quick_cpu: bool) -> float:
-    """Microseconds the host takes to issue one call of fn (see host_us_paired)."""
-    return host_us_paired({"fn": fn}, quick_cpu)["fn"]
-
-
 def host_us_paired(fns: dict, quick_cpu: bool) -> dict[str, float]:
     """Microseconds the host takes to issue one call of each of `fns`: HOST_CALLS calls timed with the host clock
     behind a GPU sleep long enough that no call waits for the GPU (nor for a full launch queue); median of
