@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.grading import cli
+from labkit.grading import cli, sandbox
 from labkit.grading.cli import GradeConfig, GradeError, grade, split_cores
 from labkit.paths import child_env
 
@@ -108,3 +108,63 @@ def test_a_cell_that_widens_its_cores_is_pinned_back_from_outside(tmp_path, grad
         assert len(wide) > len(mine), feedback  # the widening itself worked: one call undoes the child's pinning
         assert then == thread == mine, feedback  # ...and within a second the parent had set it back, every thread
         assert f"widened its CPU affinity; it was pinned back to cores {mine}" in feedback, feedback
+
+
+def _driver_files(proc: Path, gpus: dict[str, int]) -> None:
+    """A fake /proc/driver/nvidia/gpus: one folder per GPU, as the NVIDIA driver writes it."""
+    for i, (uuid, minor) in enumerate(gpus.items()):
+        (proc / f"0000:{0x19 + i:02x}:00.0").mkdir(parents=True)
+        (proc / f"0000:{0x19 + i:02x}:00.0" / "information").write_text(
+            f"Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 0\nGPU UUID: \t {uuid}\nBus Location: \t 0000:{0x19 + i:02x}"
+            f":00.0\nDevice Minor: \t {minor}\nGPU Excluded:\t No\n")
+
+
+def test_each_worker_sees_the_device_node_of_its_own_gpu_only(tmp_path):
+    """A worker's sandbox binds its GPU's /dev/nvidia<minor> and the driver's shared nodes, no other GPU's node,
+    and CUDA inside names that GPU by its UUID (the host's index means nothing where one GPU is left)."""
+    _driver_files(tmp_path / "gpus", {"GPU-aaaa": 4, "GPU-bbbb": 6})
+    assert sandbox.gpu_minors(str(tmp_path / "gpus")) == {"GPU-aaaa": 4, "GPU-bbbb": 6}
+    devices = ["/dev/nvidia-caps", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia4", "/dev/nvidia6",
+               "/dev/nvidia60", "/dev/nvidiactl"]
+    assert sandbox.own_gpu_nodes(devices, 6) == ["/dev/nvidia-caps", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+                                                 "/dev/nvidia6", "/dev/nvidiactl"]
+    own, why = sandbox.own_gpus(["0", "1"], ["aaaa", "GPU-bbbb"], devices, str(tmp_path / "gpus"))
+    assert why is None and own["1"] == ("GPU-bbbb", sandbox.own_gpu_nodes(devices, 6))
+    box = sandbox.Bwrap("bwrap", [], devices=devices, gpus=own)
+    argv, _ = box.command("labkit.grading.child", tmp_path, tmp_path, {"CUDA_VISIBLE_DEVICES": "0"}, tmp_path)
+    bound = [argv[i + 1] for i, a in enumerate(argv) if a == "--dev-bind-try"]
+    assert "/dev/nvidia4" in bound and not {"/dev/nvidia6", "/dev/nvidia60"} & set(bound)
+    assert argv[argv.index("CUDA_VISIBLE_DEVICES") + 1] == "GPU-aaaa"
+
+
+def test_a_gpu_without_a_node_of_its_own_leaves_every_node_bound_and_says_why(tmp_path):
+    _driver_files(tmp_path / "gpus", {"GPU-aaaa": 0})
+    devices = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"]
+    for uuids in (["aaaa", "MIG-cccc"], ["aaaa", "dddd"]):  # a MIG slice; a GPU the driver files do not list
+        own, why = sandbox.own_gpus(["0", "1"], uuids, devices, str(tmp_path / "gpus"))
+        assert own == {} and "has no /dev/nvidia<N> of its own" in why
+    box = sandbox.Bwrap("bwrap", [], devices=devices)
+    argv, _ = box.command("labkit.grading.child", tmp_path, tmp_path, {"CUDA_VISIBLE_DEVICES": "1"}, tmp_path)
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--dev-bind-try"] == devices
+    assert argv[argv.index("CUDA_VISIBLE_DEVICES") + 1] == "1"
+
+
+@pytest.mark.skipif(sandbox.problem() is not None, reason="no bubblewrap sandbox here")
+def test_inside_the_sandbox_another_workers_gpu_node_does_not_exist(tmp_path):
+    """What a student's process sees: its GPU's node and the shared ones; the other GPU's node is absent, and a
+    device node cannot be made there (stand-in nodes: regular files, as no GPU is here)."""
+    nodes = tmp_path / "dev"
+    nodes.mkdir()
+    devices = [str(nodes / n) for n in ("nvidia0", "nvidia1", "nvidiactl")]
+    for d in devices:
+        Path(d).write_text(os.path.basename(d))
+    own = {"1": ("GPU-bbbb", sandbox.own_gpu_nodes(devices, 1))}
+    box = sandbox.make([], False, 512, unsafe=False, imports=False)
+    box.devices, box.gpus = devices, own
+    code = ("import os, sys; d = sys.argv[1]; print(sorted(os.listdir(d)), os.environ['CUDA_VISIBLE_DEVICES']); "
+            "os.mknod(d + '/nvidia9', 0o666 | 0o020000, os.makedev(195, 0))")
+    argv, _ = box.command("labkit.grading.child", tmp_path, tmp_path, {"CUDA_VISIBLE_DEVICES": "1"}, tmp_path)
+    argv = argv[:argv.index("--") + 1] + [sys.executable, "-c", code, str(nodes)]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip() == "['nvidia1', 'nvidiactl'] GPU-bbbb", run.stdout + run.stderr
+    assert run.returncode != 0 and ("PermissionError" in run.stderr or "Read-only" in run.stderr), run.stderr

@@ -225,6 +225,12 @@ def grade(config: GradeConfig) -> list[StudentReport]:
     except sandbox.SandboxError:
         safeio.rmtree(workroot)
         raise
+    if gpu and isinstance(box, sandbox.Bwrap):
+        used = ids[:workers]
+        box.gpus, why = sandbox.own_gpus(used, [str(torch.cuda.get_device_properties(i).uuid)
+                                                for i in range(len(used))], box.devices)
+        if why:
+            print(f"labkit grade: WARNING: every GPU's device node is visible in the sandbox: {why}")
     copies: dict[tuple, Path] = {}
     copies_lock = threading.Lock()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -94,6 +95,40 @@ def gpu_devices() -> list[str]:
     return sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dxg"))
 
 
+def gpu_minors(proc: str = "/proc/driver/nvidia/gpus") -> dict[str, int]:
+    """{'GPU-<uuid>': the minor number of its device node, /dev/nvidia<minor>}, from the NVIDIA driver's files."""
+    found = {}
+    for info in glob.glob(os.path.join(proc, "*", "information")):
+        with open(info, encoding="utf-8", errors="replace") as f:
+            fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in f)}
+        uuid, minor = fields.get("GPU UUID", ""), fields.get("Device Minor", "")
+        if uuid.startswith("GPU-") and minor.isdigit():
+            found[uuid] = int(minor)
+    return found
+
+
+def own_gpu_nodes(devices: list[str], minor: int) -> list[str]:
+    """The device nodes a process needs for GPU `minor` alone: the driver's shared ones (nvidiactl, nvidia-uvm,
+    ...) and /dev/nvidia<minor>; no other GPU's node."""
+    return [d for d in devices if not re.fullmatch(r"nvidia\d+", os.path.basename(d))
+            or os.path.basename(d) == f"nvidia{minor}"]
+
+
+def own_gpus(slots: list[str], uuids: list[str], devices: list[str],
+             proc: str = "/proc/driver/nvidia/gpus") -> tuple[dict[str, tuple[str, list[str]]], str | None]:
+    """({worker's CUDA_VISIBLE_DEVICES value: (its GPU's 'GPU-<uuid>', the device nodes of that GPU alone)}, None),
+    or ({}, why not) where some worker's GPU has no device node of its own here (MIG, WSL, no driver files)."""
+    minors = gpu_minors(proc)
+    nodes = {os.path.basename(d) for d in devices}
+    own = {}
+    for slot, uuid in zip(slots, uuids):
+        uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+        if f"nvidia{minors.get(uuid)}" not in nodes:
+            return {}, f"GPU {slot} ({uuid}) has no /dev/nvidia<N> of its own in {proc}"
+        own[slot] = (uuid, own_gpu_nodes(devices, minors[uuid]))
+    return own, None
+
+
 @dataclass
 class Bwrap:
     """Runs `python -m MODULE /grader/in /grader/out` inside bubblewrap."""
@@ -107,8 +142,9 @@ class Bwrap:
     features: tuple[str, ...] = ()
     scratch: Path = Path(SCRATCH)
     name: str = "bubblewrap"
+    gpus: dict[str, tuple[str, list[str]]] = field(default_factory=dict)  # own_gpus: each worker's GPU alone
 
-    def base(self) -> list[str]:
+    def base(self, devices: list[str] | None = None) -> list[str]:
         args = [self.exe, "--unshare-all", "--unshare-user", "--uid", NOBODY, "--gid", NOBODY,
                 "--die-with-parent", "--new-session", "--hostname", "grader", "--proc", "/proc", "--dev", "/dev"]
         if "--disable-userns" in self.features:
@@ -119,7 +155,7 @@ class Bwrap:
             args += ["--ro-bind", p, p]
         for target, p in self.links:
             args += ["--symlink", target, p]
-        for d in self.devices:
+        for d in self.devices if devices is None else devices:
             args += ["--dev-bind-try", d, d]
         for sub in SCRATCH_DIRS:
             args += ["--dir", f"{SCRATCH}/{sub}"]
@@ -128,8 +164,13 @@ class Bwrap:
     def command(self, module: str, in_dir: Path, out_dir: Path, env: dict, work: Path,
                 labkit_copy: Path | None = None) -> tuple[list[str], str]:
         """(argv, cwd) of a run; in_dir and out_dir are the parent's folders for it; `labkit_copy` (a package
-        folder, labkit.grading.strip) is mounted where labkit is."""
-        args = self.base() + ["--ro-bind", str(in_dir), IN, "--bind", str(out_dir), OUT, "--clearenv"]
+        folder, labkit.grading.strip) is mounted where labkit is. A worker's GPU (env's CUDA_VISIBLE_DEVICES, in
+        self.gpus) is the only one whose device node exists inside, and CUDA there names it by its UUID."""
+        own = self.gpus.get(env.get("CUDA_VISIBLE_DEVICES", ""))
+        if own is not None:
+            env = {**env, "CUDA_VISIBLE_DEVICES": own[0]}
+        args = self.base(own[1] if own is not None else None) + [
+            "--ro-bind", str(in_dir), IN, "--bind", str(out_dir), OUT, "--clearenv"]
         if labkit_copy is not None:
             args[args.index("--clearenv"):args.index("--clearenv")] = [
                 "--ro-bind", str(labkit_copy), os.path.realpath(COURSE_ROOT / "labkit")]
