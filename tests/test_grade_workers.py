@@ -113,10 +113,11 @@ def test_a_cell_that_widens_its_cores_is_pinned_back_from_outside(tmp_path, grad
 def _driver_files(proc: Path, gpus: dict[str, int]) -> None:
     """A fake /proc/driver/nvidia/gpus: one folder per GPU, as the NVIDIA driver writes it."""
     for i, (uuid, minor) in enumerate(gpus.items()):
-        (proc / f"0000:{0x19 + i:02x}:00.0").mkdir(parents=True)
-        (proc / f"0000:{0x19 + i:02x}:00.0" / "information").write_text(
-            f"Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 0\nGPU UUID: \t {uuid}\nBus Location: \t 0000:{0x19 + i:02x}"
-            f":00.0\nDevice Minor: \t {minor}\nGPU Excluded:\t No\n")
+        bus = f"0000:{0x19 + i:02x}:00.0"
+        (proc / bus).mkdir(parents=True)
+        (proc / bus / "information").write_text(
+            f"Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 0\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\n"
+            f"Device Minor: \t {minor}\nGPU Excluded:\t No\n")
 
 
 def test_each_worker_sees_the_device_node_of_its_own_gpu_only(tmp_path):
