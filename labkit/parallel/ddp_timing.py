@@ -107,9 +107,13 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
         step()
     out["bucket_bytes"] = bucket_bytes(ddp)
     start, finish = bucket_comm_fn(out["bucket_bytes"], world, device)
+    start_one, finish_one = bucket_comm_fn([sum(out["bucket_bytes"])], world, device)
 
     def comm():
         finish(start())
+
+    def comm_one():   # all the gradients in one bucket: its copies in and out, one all-reduce
+        finish_one(start_one())
 
     def together():   # the communication started, then the compute, then the communication finished: overlap by hand
         works = start()
@@ -125,16 +129,20 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
     for _ in range(args.warmup):
         compute()
         comm()
+        comm_one()
         together()
     # interleaved, so that each part sees the same conditions. Every rank runs each part at the same time, sharing
     # the machine as the DDP ranks do: the DDP step; the same step without communication (compute); its backward
-    # alone; DDP's communication alone; and communication and compute started together (overlap by hand)
-    parts: dict[str, list[float]] = {"step": [], "compute": [], "backward": [], "comm": [], "together": []}
+    # alone; DDP's communication alone, and that of one bucket; and communication and compute started together
+    # (overlap by hand)
+    parts: dict[str, list[float]] = {"step": [], "compute": [], "backward": [], "comm": [], "comm_one": [],
+                                     "together": []}
     for _ in range(args.steps):
         parts["step"].append(timed_on_slowest_rank(step, 1, device))
         parts["compute"].append(timed_on_slowest_rank(compute, 1, device))
         parts["backward"].append(backward_alone())
         parts["comm"].append(timed_on_slowest_rank(comm, 1, device))
+        parts["comm_one"].append(timed_on_slowest_rank(comm_one, 1, device))
         parts["together"].append(timed_on_slowest_rank(together, 1, device))
     for k, v in parts.items():
         out[f"{k}_samples_ms"] = _ms(v)
