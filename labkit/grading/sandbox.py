@@ -2,11 +2,11 @@
 
 Inside, the process sees the system (/usr, /lib, /sys), Python and the `labkit` package read-only,
 its job folder read-only at /grader/in and its results folder at /grader/out (the only host folder
-it can write), a private /tmp and /dev/shm (tmpfs of bounded size), no network, of the GPUs only its worker's
-device node (own_gpus), its own PID and
-user namespaces (it runs as `nobody`, cannot see or signal the grader, and dies with it). The
-solutions, the graded tests, other submissions, the output folder and the work folders of other
-students are not mounted at all. `NoSandbox` (--unsafe-no-sandbox) runs the same command bare.
+it can write), a private /tmp and /dev/shm (tmpfs of bounded size), no network, of the GPUs only its
+worker's device node (own_gpus), its own PID and user namespaces (it runs as `nobody`, cannot see or
+signal the grader, and dies with it). The solutions, the graded tests, other submissions, the output
+folder and the work folders of other students are not mounted at all. `NoSandbox`
+(--unsafe-no-sandbox) runs the same command bare.
 """
 from __future__ import annotations
 
