@@ -86,15 +86,16 @@ def test_throughput_and_allreduce_fields(two_process_run):
 def test_step_parts_are_samples_per_step(two_process_run):
     """The DDP step and its parts, each one sample per timed step, their medians reported; buckets as DDP made them."""
     thr = two_process_run["throughput"]
-    for part in ("step", "compute", "backward", "comm", "comm_one", "together", "single"):
+    for part in ("step", "step_one", "compute", "backward", "comm", "comm_one", "together", "single"):
         xs = thr[f"{part}_samples_ms"]
         assert len(xs) == 3 and all(math.isfinite(v) and v > 0 for v in xs), part
-    for part in ("step", "compute", "backward", "comm", "comm_one", "together"):
+    for part in ("step", "step_one", "compute", "backward", "comm", "comm_one", "together"):
         assert thr[f"{part}_ms"] == pytest.approx(sorted(thr[f"{part}_samples_ms"])[1]), part
     assert thr["single_step_ms"] == pytest.approx(sorted(thr["single_samples_ms"])[1])
     assert thr["scaling_efficiency"] == pytest.approx(thr["single_step_ms"] / thr["step_ms"])
     # a 1 kB cap: each tensor of the 7-19-19-7 MLP is over it, so DDP regroups them into several buckets
     assert len(thr["bucket_bytes"]) >= 2 and sum(thr["bucket_bytes"]) == thr["grad_bytes"]
+    assert thr["one_bucket_bytes"] == [thr["grad_bytes"]]  # the one-bucket DDP's cap holds every gradient
     assert two_process_run["threads"] == launch.default_threads(2) and two_process_run["cores"] >= 1
 
 

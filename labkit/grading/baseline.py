@@ -6,15 +6,53 @@ a baseline is timed under is the one labkit starts with, whatever the student's 
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
 import time
 
+CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06  # cuda.h's CUlimit
+_driver: list = []  # libcuda, loaded once (or None where there is none)
+
+
+def cuda_driver() -> ctypes.CDLL | None:
+    """The CUDA driver library (libcuda.so.1), or None where this machine has none."""
+    if not _driver:
+        try:
+            _driver.append(ctypes.CDLL("libcuda.so.1"))
+        except OSError:
+            _driver.append(None)
+    return _driver[0]
+
+
+def reset_persisting_l2() -> str | None:
+    """Give the whole L2 back to normal accesses: no set-aside for persisting lines, and every persisting line made
+    normal (cuCtxSetLimit, cuCtxResetPersistingL2Cache, on this thread's current CUDA context). A carve-out the
+    student's process set is the device's, so it would shrink the cache the baseline runs with. None, or why not."""
+    cu = cuda_driver()
+    if cu is None:
+        return "no CUDA driver library (libcuda.so.1)"
+    limit = cu.cuCtxSetLimit(ctypes.c_int(CU_LIMIT_PERSISTING_L2_CACHE_SIZE), ctypes.c_size_t(0))
+    lines = cu.cuCtxResetPersistingL2Cache()
+    if limit == lines == 0:
+        return None
+    return f"the driver refused (CUresult {limit} setting the limit, {lines} resetting)"
+
+
+def persisting_l2_limit() -> int | None:
+    """The persisting-L2 set-aside (bytes) this thread's CUDA context reports, or None where it cannot tell."""
+    cu, size = cuda_driver(), ctypes.c_size_t(0)
+    if cu is None or cu.cuCtxGetLimit(ctypes.byref(size), ctypes.c_int(CU_LIMIT_PERSISTING_L2_CACHE_SIZE)) != 0:
+        return None
+    return size.value
+
 
 def _gpu_op_s(torch) -> float:
+    """Seconds a one-element op takes to finish, after the L2 is given back to normal accesses (not timed)."""
     x = torch.ones(1, device="cuda")
     torch.cuda.synchronize()
+    reset_persisting_l2()
     t0 = time.perf_counter()
     x.add_(1)
     torch.cuda.synchronize()
@@ -47,7 +85,8 @@ def main(job_text: str) -> None:
 
     def run_round(req: dict) -> dict:
         if req["kind"] == "idle":  # seconds a one-element op takes to finish here: long while another process's
-            return {"obs": _gpu_op_s(torch) if job["device"] == "cuda" else 0.0}  # kernels hold the GPU
+            return {"obs": _gpu_op_s(torch) if job["device"] == "cuda" else 0.0}  # kernels hold the GPU (each
+        # baseline round is preceded by this request, so the L2 reset in _gpu_op_s comes before every round)
         if req["kind"] != "round":
             return {"checked": True}
         try:

@@ -74,6 +74,8 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
     single = make_model(args.dim, args.hidden, args.layers).to(device)  # the same start as the DDP model
     ddp, step, x, y = _ddp_step_fn(args, rank, device, args.bucket_cap_mb, data_seed=1000)
     local, local_step, _, _ = _ddp_step_fn(args, rank, device, args.bucket_cap_mb, data_seed=1000)
+    grad_mb = sum(p.numel() * p.element_size() for p in single.parameters()) / 2**20
+    one, step_one, _, _ = _ddp_step_fn(args, rank, device, 2 * grad_mb + 1, data_seed=1000)  # one bucket for all
     plain = copy.deepcopy(single)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=args.lr * 0.1)
 
@@ -105,7 +107,9 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
 
     for _ in range(max(3, args.warmup + 1)):   # the first steps also let DDP regroup its buckets in use order
         step()
+        step_one()
     out["bucket_bytes"] = bucket_bytes(ddp)
+    out["one_bucket_bytes"] = bucket_bytes(one)
     start, finish = bucket_comm_fn(out["bucket_bytes"], world, device)
     start_one, finish_one = bucket_comm_fn([sum(out["bucket_bytes"])], world, device)
 
@@ -132,13 +136,14 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
         comm_one()
         together()
     # interleaved, so that each part sees the same conditions. Every rank runs each part at the same time, sharing
-    # the machine as the DDP ranks do: the DDP step; the same step without communication (compute); its backward
-    # alone; DDP's communication alone, and that of one bucket; and communication and compute started together
-    # (overlap by hand)
-    parts: dict[str, list[float]] = {"step": [], "compute": [], "backward": [], "comm": [], "comm_one": [],
-                                     "together": []}
+    # the machine as the DDP ranks do: the DDP step, and the step of a DDP with one bucket for all the gradients;
+    # the same step without communication (compute); its backward alone; DDP's communication alone, and that of
+    # one bucket; and communication and compute started together (overlap by hand)
+    parts: dict[str, list[float]] = {"step": [], "step_one": [], "compute": [], "backward": [], "comm": [],
+                                     "comm_one": [], "together": []}
     for _ in range(args.steps):
         parts["step"].append(timed_on_slowest_rank(step, 1, device))
+        parts["step_one"].append(timed_on_slowest_rank(step_one, 1, device))
         parts["compute"].append(timed_on_slowest_rank(compute, 1, device))
         parts["backward"].append(backward_alone())
         parts["comm"].append(timed_on_slowest_rank(comm, 1, device))
