@@ -28,8 +28,9 @@ def cuda_driver() -> ctypes.CDLL | None:
 
 def reset_persisting_l2() -> str | None:
     """Give the whole L2 back to normal accesses: no set-aside for persisting lines, and every persisting line made
-    normal (cuCtxSetLimit, cuCtxResetPersistingL2Cache, on this thread's current CUDA context). A carve-out the
-    student's process set is the device's, so it would shrink the cache the baseline runs with. None, or why not."""
+    normal (cuCtxSetLimit, cuCtxResetPersistingL2Cache, on this thread's current CUDA context), so that no carve-out
+    shrinks the cache the baseline runs with (one the student's process set was not seen to reach this process on
+    two H200s: README, "What it does not"). None, or why it could not."""
     cu = cuda_driver()
     if cu is None:
         return "no CUDA driver library (libcuda.so.1)"
