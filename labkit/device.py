@@ -5,6 +5,7 @@ Triton interpreter so every Triton kernel in the course runs on the CPU.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
@@ -291,6 +292,31 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _size_bytes(text: str) -> int | None:
+    """A cache size as sysfs writes it ("32768K", "1M", "512") in bytes, or None."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", text, re.IGNORECASE)
+    return int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2).upper()] if m else None
+
+
+def last_level_cache_bytes(device: torch.device | str = "cpu",
+                           sysfs: Path = Path("/sys/devices/system/cpu")) -> int | None:
+    """The largest cache in front of `device`'s memory, in bytes: a GPU's L2; on a CPU the largest level Linux
+    lists for CPU 0 (or macOS's sysctl says); None where it cannot be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return getattr(torch.cuda.get_device_properties(device.index or 0), "L2_cache_size", None) or None
+    sizes = []
+    for f in sysfs.glob("cpu0/cache/index*/size"):
+        with contextlib.suppress(OSError):
+            sizes.append(_size_bytes(f.read_text()))
+    if not any(sizes) and sys.platform == "darwin":  # Apple: per-cluster L2 (perflevel0), L2, L3 by name
+        for key in ("hw.perflevel0.l2cachesize", "hw.l2cachesize", "hw.l3cachesize"):
+            with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
+                sizes.append(int(subprocess.run(["sysctl", "-n", key], capture_output=True, text=True,
+                                                timeout=5).stdout.strip() or 0))
+    return max((s for s in sizes if s), default=None)
 
 
 def machine_info() -> dict[str, str]:

@@ -169,3 +169,14 @@ def test_full_size_on_the_cpu_warns_up_front(restore_setup):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         labkit.setup(device="cpu", quick=True)  # quick mode: no warning
+
+
+def test_the_last_level_cache_is_the_largest_level_listed(tmp_path, monkeypatch):
+    """A CPU's last-level cache: the largest size sysfs lists for CPU 0, whatever its units; None where none reads."""
+    for i, size in enumerate(["48K", "1024K", "32768K\n", "junk"]):
+        (tmp_path / "cpu0" / "cache" / f"index{i}").mkdir(parents=True)
+        (tmp_path / "cpu0" / "cache" / f"index{i}" / "size").write_text(size)
+    assert device.last_level_cache_bytes("cpu", sysfs=tmp_path) == 32 * 2**20
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert device.last_level_cache_bytes("cpu", sysfs=tmp_path / "nothing") is None
+    assert device._size_bytes("1M") == 2**20 and device._size_bytes("512") == 512
