@@ -13,16 +13,20 @@ import sys
 import time
 
 CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06  # cuda.h's CUlimit
-_driver: list = []  # libcuda, loaded once (or None where there is none)
+_driver: list = []  # the CUDA driver, loaded once (or None where there is none)
 
 
 def cuda_driver() -> ctypes.CDLL | None:
-    """The CUDA driver library (libcuda.so.1), or None where this machine has none."""
+    """The CUDA driver library as PyTorch loads it (labkit.compat.cuda_driver), or None where this machine has none
+    (or its GPU runtime is not CUDA's)."""
     if not _driver:
+        from labkit import compat  # (imports torch: only once the job's cores are set)
+
         try:
-            _driver.append(ctypes.CDLL("libcuda.so.1"))
+            lib = compat.cuda_driver()
         except OSError:
-            _driver.append(None)
+            lib = None
+        _driver.append(lib if hasattr(lib, "cuCtxSetLimit") else None)
     return _driver[0]
 
 
@@ -33,7 +37,7 @@ def reset_persisting_l2() -> str | None:
     two H200s: README, "What it does not"). None, or why it could not."""
     cu = cuda_driver()
     if cu is None:
-        return "no CUDA driver library (libcuda.so.1)"
+        return "no CUDA driver library (libcuda)"
     limit = cu.cuCtxSetLimit(ctypes.c_int(CU_LIMIT_PERSISTING_L2_CACHE_SIZE), ctypes.c_size_t(0))
     lines = cu.cuCtxResetPersistingL2Cache()
     if limit == lines == 0:

@@ -74,8 +74,8 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
     single = make_model(args.dim, args.hidden, args.layers).to(device)  # the same start as the DDP model
     ddp, step, x, y = _ddp_step_fn(args, rank, device, args.bucket_cap_mb, data_seed=1000)
     local, local_step, _, _ = _ddp_step_fn(args, rank, device, args.bucket_cap_mb, data_seed=1000)
-    grad_mb = sum(p.numel() * p.element_size() for p in single.parameters()) / 2**20
-    one, step_one, _, _ = _ddp_step_fn(args, rank, device, 2 * grad_mb + 1, data_seed=1000)  # one bucket for all
+    grad_bytes = sum(p.numel() * p.element_size() for p in single.parameters())
+    one, step_one, _, _ = _ddp_step_fn(args, rank, device, 2 * grad_bytes / 2**20 + 1, data_seed=1000)  # one bucket
     plain = copy.deepcopy(single)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=args.lr * 0.1)
 
@@ -88,8 +88,7 @@ def measure_throughput(args, rank: int, world: int, device: torch.device) -> dic
         with local.no_sync():
             local_step()
 
-    out = {"steps": args.steps, "batch_per_rank": args.batch_per_rank,
-           "grad_bytes": sum(p.numel() * p.element_size() for p in plain.parameters())}
+    out = {"steps": args.steps, "batch_per_rank": args.batch_per_rank, "grad_bytes": grad_bytes}
     if rank == 0:  # the baseline: one device, a plain model (no DDP), the same batch; the other ranks wait
         for _ in range(args.warmup):
             plain_step()
