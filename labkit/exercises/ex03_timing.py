@@ -66,9 +66,10 @@ def prepare(device: str) -> None:
 
 
 MEASURED = "the grader's own median of the timed calls (ms)"
-# served (the grader's process sleeps): its median time from one timed call's start to the next's, as the student's
-# clock sees a call give or take the trip through the pipes (a loaded machine's scheduling included)
-SPAN = "the grader's median time from a timed call to the next (ms)"
+# served (the grader's process sleeps): the median over the timed calls of the longest each could have lasted as the
+# student's clock saw it, the trip through the pipes and a loaded machine's scheduling included: from the grader's
+# answer to the call before (or the run's start) to the next call's ask (Workload.span)
+SPAN = "the grader's median bound on a timed call, from the answer before it to the next ask (ms)"
 SPAN_OVER_SLEEP = (1.25, 1.0)  # the span counts up to 1.25x the grader's sleep + 1 ms (no constant fits every band)
 
 
@@ -79,7 +80,8 @@ class Workload:
     def __init__(self, device: str, ms: float, warmup: int, reps: int, outlier_at: int):
         self.device, self.ms, self.warmup, self.reps = device, float(ms), int(warmup), int(reps)
         self.slow = set(range(self.warmup)) | {self.warmup + int(outlier_at)}
-        self.calls, self.took, self.asked = 0, [], []
+        self.calls, self.took, self.asked, self.answered = 0, [], [], []  # answered: when each served call returned
+        self.opened = _PERF()  # before the run's request is sent: before its first call
 
     def next_ms(self) -> float:
         ms = self.ms * (10 if self.calls in self.slow else 1)
@@ -96,9 +98,15 @@ class Workload:
         return statistics.median(timed) if len(timed) == self.reps else None
 
     def span(self) -> float | None:
-        """Served: the median time from one timed call's ask to the next ask (the last timed call has none)."""
-        gaps = [(b - a) * 1e3 for a, b in zip(self.asked, self.asked[1:])][self.warmup:self.warmup + self.reps]
-        return statistics.median(gaps) if len(gaps) >= self.reps - 1 >= 1 and self.device != "cuda" else None
+        """Served on a CPU: the median over the timed calls of the longest each could have lasted on the caller's
+        clock, from the grader's answer to the call before (or the run's start) to the next call's ask (inf for the
+        last call, which has none). A timer around each call sees no more: however late the pipes or the scheduler
+        carried an ask or an answer, an honest median is at most this one (ms)."""
+        if self.device == "cuda" or len(self.answered) < self.warmup + self.reps:
+            return None
+        before, after = [self.opened, *self.answered], self.asked[1:]
+        return statistics.median((after[k] - before[k]) * 1e3 if k < len(after) else math.inf
+                                 for k in range(self.warmup, self.warmup + self.reps))
 
     def answer(self) -> dict:
         """The grader's side of one call when it serves the workload (labkit.grading.rounds): on a CPU the sleep
@@ -107,6 +115,7 @@ class Workload:
         if self.device == "cuda":
             return {"ms": self.next_ms()}
         self.sleep_here()
+        self.answered.append(_PERF())
         return {}
 
     def retry(self) -> bool:
@@ -115,7 +124,7 @@ class Workload:
         if self.device == "cuda":
             return False
         measured, span = self.measured(), self.span()
-        return not _plausible(self.ms, measured) or (_number(span) and span > _span_cap(measured))
+        return not _plausible(self.ms, measured) or (_number(span) and span > _span_cap(measured))  # (inf: no bound)
 
 
 def _time_one(fn, device: torch.device, plan: dict) -> tuple:
@@ -214,9 +223,9 @@ def _expected_median(nominal: float, measured: Any, span: Any = None, got: Any =
     """What the grader saw of the same calls: a sleep never ends early, so a measurement under `nominal` is not the
     grader's (nominal counts); one far over it is a loaded machine, measured ATTEMPTS times (the grader's clock and
     sleep are bound before student code), so it is what the right answer saw. Served, the answer may lie anywhere
-    from the grader's sleep to its span of a call (SPAN), at most SPAN_OVER_SLEEP over the sleep."""
+    from the grader's sleep to its bound on a call (SPAN; inf: none), at most SPAN_OVER_SLEEP over the sleep."""
     low = float(measured) if _number(measured) and measured >= nominal else nominal
-    if not (_number(span) and _number(got)):
+    if not ((_number(span) or span == math.inf) and _number(got)):
         return low
     return min(max(float(got), low), max(low, min(float(span), _span_cap(low))))
 

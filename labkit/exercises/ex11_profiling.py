@@ -39,7 +39,8 @@ MAX_RUNS = 17  # at most: more while the speed-up's interval straddles MIN_SPEED
 # the solution's call. At those steps it measured 1.71-2.02x on an H100 (2026-11-26) and 1.87-2.25x on a 2-core CPU
 # (there the solution's own call took 7-8 ms in the grading process against 5.3 ms in a plain one, a difference
 # whose cause was not measured): on the 2x bar. At 4x the steps: 2.74-3.36x on that CPU, in six gradings (two
-# graders at once in four of them).
+# graders at once in four of them). Since 2026-11-28 a CPU round counts each side's CPU time (labkit.grading.rounds):
+# lower bounds 2.89-3.25x in 8 cases on a 2-core AMD EPYC, half of them with two graders and three more busy threads.
 STEP_FACTOR = {"cuda": 4, "cpu": 4}
 # On a GPU, twice the hidden width too, which doubles what slow_train's clip walks in Python in every step. At
 # 48-256-24 the solution measured 2.65-2.98x in a plain process and 2.04-2.13x (lower bounds 1.84-1.90x) in the
@@ -313,7 +314,8 @@ def _speed_and_fixes(expected: dict, got: dict) -> dict[str, str | None]:
         out["speed-up"] = "speed-up: not measured"
     elif not v.points:
         slow, fast = (statistics.median(got[k][1:] or got[k]) for k in ("slow s", "yours s"))
-        out["speed-up"] = (f"speed-up: {v.median:.2f}x, measured by the grader: slow_train took {1e3 * slow:.1f} ms, "
+        took = "used {:.1f} ms of CPU" if got.get("clock") == "cpu" else "took {:.1f} ms"  # (grading.rounds)
+        out["speed-up"] = (f"speed-up: {v.median:.2f}x, measured by the grader: slow_train {took.format(1e3 * slow)}, "
                            f"your fast_train {1e3 * fast:.1f} ms ({v.describe('slow_train')} on fresh inputs); at "
                            f"least {need:g}x is needed (for the interval's lower bound, here {v.low:.2f}x): profile "
                            f"slow_train and remove its biggest costs")

@@ -4,8 +4,10 @@ For a function with `rounds`, the grading child runs no timer and no baseline. I
 (a frame on its stdin: the round's number and inputs) runs the student's code once, and the reply (a frame on a
 pipe of its own: the round's observation as plain data) ends it. labkit's baseline serves the same requests in a
 clean process of its own (labkit.grading.baseline), where no student code ever runs. The parent (Driver, in the
-watchdog's process) pairs the two on the same inputs, the order alternating, and times each round on its own clock,
-from sending the request to holding the whole reply. Between its rounds every process of the student's is stopped
+watchdog's process) pairs the two on the same inputs, the order alternating, and times each round from sending the
+request to holding the whole reply: on a GPU by its own wall clock, on a CPU by the CPU time every process of that
+side used meanwhile (read from outside, /proc and each process's CPU clock), which another process's load on the
+same cores does not stretch. Between its rounds every process of the student's is stopped
 (SIGSTOP): nothing of theirs runs while the baseline is timed, and work left running past a reply waits for, and
 is timed in, their next round. A reply counts only when its observation is right (the function's `score` checks it
 against the parent's own baseline run), so a reply sent early must already hold the round's result.
@@ -32,7 +34,7 @@ from labkit.exercises import speed
 from labkit.exercises.spec import Served
 from labkit.grading.seal import frame
 from labkit.grading.supervise import hold_cores
-from labkit.proctree import signal_tree
+from labkit.proctree import cpu_seconds, signal_tree
 
 MAX_REPLY_BYTES = 64 * 2**20
 # A served workload's call (labkit.exercises.spec.Served): a frame header no reply can have, with no body, so the
@@ -142,12 +144,15 @@ class Side:
     def __init__(self, requests, replies: int):
         self.requests, self.replies = requests, replies
 
-    def timed(self, req: dict, limit_s: float, on_ask: Callable[[], dict] | None = None) -> tuple[float, dict]:
+    def timed(self, req: dict, limit_s: float, on_ask: Callable[[], dict] | None = None,
+              cpu: Callable[[], float] | None = None) -> tuple[float, dict]:
         """(seconds from sending `req` to holding its whole reply, the reply); replies to earlier requests (sent
         twice) are passed over. An ask meanwhile (a served workload's call, labkit.exercises.spec.Served) gets
-        on_ask's answer, as a frame on the requests pipe."""
+        on_ask's answer, as a frame on the requests pipe. `cpu`: the side's CPU time (labkit.proctree.cpu_seconds),
+        counted over that span instead of the wall clock."""
         data = frame(json.dumps(req).encode())
-        t0 = time.perf_counter()
+        clock = cpu or time.perf_counter
+        t0 = clock()
         self.send(data)
         deadline = time.monotonic() + limit_s
         while True:
@@ -158,7 +163,7 @@ class Side:
                 self.send(frame(json.dumps(on_ask()).encode()))
                 continue
             if reply.get("timeout") or (reply["round"], reply.get("kind")) == (req["round"], req["kind"]):
-                return time.perf_counter() - t0, reply
+                return clock() - t0, reply
             if reply["round"] > req["round"]:
                 raise ValueError(f"a reply for round {reply['round']} to the request for round {req['round']}")
 
@@ -273,6 +278,12 @@ class Driver:
             if base is not None:
                 base.close()
 
+    def _cpu_clock(self, proc: subprocess.Popen) -> Callable[[], float] | None:
+        """On a CPU, the CPU time of `proc` and every process below it (None: the wall clock, as on a GPU, where the
+        work is the device's). A round's own work, not the time other processes on its cores took from it: a
+        loaded machine stretched the wall clock of some rounds and not their pair's, and moved the points."""
+        return (lambda: cpu_seconds(proc.pid)) if self.device == "cpu" else None
+
     def _pinner(self, proc: subprocess.Popen) -> Callable[[], None]:
         """Set the student's processes back on the worker's cores (supervise.hold_cores), saying so once."""
         return lambda: hold_cores(proc.pid, self.cpus, self.incidents)
@@ -310,14 +321,14 @@ class Driver:
                 if who == "base":
                     if self.device == "cuda":
                         _wait_for_idle_gpu(base.side, i, blame=blame)
-                    seconds, reply = base.side.timed(req, BASELINE_START_S)
+                    seconds, reply = base.side.timed(req, BASELINE_START_S, cpu=self._cpu_clock(base.proc))
                     if "obs" not in reply:
                         raise RuntimeError(f"the baseline's round {i} failed: {str(reply.get('error'))[:300]}")
                     base_s.append(seconds)
                     continue
                 # then, untimed, the child's own check that nothing judging it was changed
                 seconds, reply = _ask_student(proc, child, [req, {"round": i, "kind": "check"}], clock,
-                                              pin=self._pinner(proc))
+                                              pin=self._pinner(proc), cpu=self._cpu_clock(proc))
                 obs.append(reply["obs"])
                 mine_s.append(seconds)
             return base_s[-1], mine_s[-1]
@@ -330,7 +341,10 @@ class Driver:
                                      pin=self._pinner(proc))[1]["obs"]
         except Stopped as stop:
             return stop.result
-        return {"obs": rounds.result(args, obs, mine_s, base_s, after)}
+        result = rounds.result(args, obs, mine_s, base_s, after)
+        if isinstance(result, dict):
+            result["clock"] = "cpu" if self.device == "cpu" else "wall"  # what the seconds are (the feedback says)
+        return {"obs": result}
 
 
 def _wait_for_idle_gpu(base: Side, i: int, blame: bool = True, wait_s: float | None = None,
@@ -356,11 +370,13 @@ def _wait_for_idle_gpu(base: Side, i: int, blame: bool = True, wait_s: float | N
 
 
 def _ask_student(proc: subprocess.Popen, child: Side, requests: list[dict], clock: StudentClock,
-                 on_ask: Callable[[], dict] | None = None, pin: Callable[[], None] | None = None) -> tuple[float, dict]:
+                 on_ask: Callable[[], dict] | None = None, pin: Callable[[], None] | None = None,
+                 cpu: Callable[[], float] | None = None) -> tuple[float, dict]:
     """The student's processes started (`pin`ned first: back on their cores, however their last round widened
     them), `requests` answered in turn (each must succeed; asks meanwhile get on_ask's answer), stopped again; (the
-    first request's seconds, its reply). Stopped, with the function's result, when a reply is not an observation;
-    the time the process ran is spent from `clock`, and a reply later than its time left (and a grace) times out."""
+    first request's seconds, on `cpu` where given, its reply). Stopped, with the function's result, when a reply is
+    not an observation; the time the process ran is spent from `clock`, and a reply later than its time left (and a
+    grace) times out."""
     if pin is not None:  # the watchdog's tick re-pins too, but a widening just before this round would reach it
         pin()
     started = time.monotonic()
@@ -368,7 +384,8 @@ def _ask_student(proc: subprocess.Popen, child: Side, requests: list[dict], cloc
     try:
         answered = []
         for req in requests:  # the next only after an observation
-            answered.append(child.timed(req, max(started + clock.left + REPLY_GRACE_S - time.monotonic(), 0.0), on_ask))
+            left = max(started + clock.left + REPLY_GRACE_S - time.monotonic(), 0.0)
+            answered.append(child.timed(req, left, on_ask, cpu if not answered else None))  # `cpu`: the first's
             if "obs" not in answered[-1][1]:
                 break
     except TimeoutError:
