@@ -1,7 +1,6 @@
-"""labkit.grading.rounds: the parent times rounds on its own clock, reads only replies the protocol allows, passes
-over a reply sent twice, and stops every process of the student's between its rounds."""
+"""labkit.grading.rounds: the parent times rounds from outside (on a CPU, each side's CPU time), passes over a reply
+sent twice, serves a workload's calls, and stops every process of the student's between its rounds."""
 import contextlib
-import io
 import json
 import os
 import signal
@@ -19,35 +18,6 @@ from labkit import proctree
 from labkit.grading import rounds
 
 
-def pipe_with(data: bytes) -> int:
-    r, w = os.pipe()
-    os.write(w, data)
-    os.close(w)
-    return r
-
-
-def test_a_reply_is_read_whole_and_anything_else_is_refused():
-    reply = {"round": 3, "obs": {"losses": [1.0, 0.5], "logits": torch.ones(2, 3)}}
-    got = rounds.read_reply(pipe_with(rounds.encode_reply(reply)), time.monotonic() + 5)
-    assert got["round"] == 3 and torch.equal(got["obs"]["logits"], torch.ones(2, 3))
-    with pytest.raises(ValueError, match="at most"):  # a length no reply may have: refused before reading it
-        rounds.read_reply(pipe_with((rounds.MAX_REPLY_BYTES + 1).to_bytes(8, "little")), time.monotonic() + 5)
-    with pytest.raises(ValueError, match="could not be read"):
-        rounds.read_reply(pipe_with(rounds.frame(b"\xff" * 64)), time.monotonic() + 5)
-    buf = io.BytesIO()
-    torch.save(["not", "a", "reply"], buf)
-    with pytest.raises(ValueError, match="not one"):
-        rounds.read_reply(pipe_with(rounds.frame(buf.getvalue())), time.monotonic() + 5)
-    with pytest.raises(EOFError):  # the process died mid-reply
-        rounds.read_reply(pipe_with(rounds.encode_reply(reply)[:20]), time.monotonic() + 5)
-    r, w = os.pipe()
-    t0 = time.monotonic()
-    with pytest.raises(TimeoutError):  # a process that never replies
-        rounds.read_reply(r, time.monotonic() + 0.3)
-    assert 0.25 < time.monotonic() - t0 < 5
-    os.close(w)
-
-
 @contextlib.contextmanager
 def fake_side(first: str, each_round: str):
     """(process, Side) of a fake that serves requests as the grading child does: `first` runs once, then
@@ -55,7 +25,7 @@ def fake_side(first: str, each_round: str):
     imports are done (torch's takes seconds on a loaded machine), so that a round's time is the fake's own."""
     code = ("import json, os, sys, time\n"
             "import torch\n"
-            "from labkit.grading import rounds, seal\n"
+            "from labkit.grading import protocol, seal\n"
             "fd = int(sys.argv[1])\n"
             "os.write(int(sys.argv[2]), b'r')\n" + first +
             "while True:\n"
@@ -80,10 +50,10 @@ def fake_side(first: str, each_round: str):
 def test_the_round_is_timed_from_the_request_to_the_whole_reply_and_an_earlier_reply_is_passed_over():
     """A fake side that replies 0.2 s after each request; a reply to round 0 sent twice (as a student's code could)
     is passed over, and one for a later round is refused."""
-    with fake_side("os.write(fd, rounds.encode_reply({'round': 0, 'kind': 'round', 'obs': 'stale'}))\n",
+    with fake_side("os.write(fd, protocol.encode_reply({'round': 0, 'kind': 'round', 'obs': 'stale'}))\n",
                    "time.sleep(0.2)\n"
                    "i = req['round'] + req['args']['skew']\n"
-                   "os.write(fd, rounds.encode_reply({'round': i, 'kind': req['kind'], 'obs': 'fresh'}))\n"
+                   "os.write(fd, protocol.encode_reply({'round': i, 'kind': req['kind'], 'obs': 'fresh'}))\n"
                    ) as (proc, side):
         seconds, reply = side.timed({"round": 1, "kind": "round", "args": {"skew": 0}}, 30)
         assert reply == {"round": 1, "kind": "round", "obs": "fresh"} and 0.2 <= seconds < 5  # a fake: no served_s
@@ -98,7 +68,7 @@ def test_on_a_cpu_a_round_counts_the_cpu_time_of_the_sides_processes_not_the_wal
     CPU clock the round is the work (the sleep and another process's load left out); on the wall clock, both."""
     each = ("time.sleep(0.4)\n"
             "subprocess.run([sys.executable, '-S', '-c', 'import time\\nwhile time.process_time() < 0.15: pass'])\n"
-            "os.write(fd, rounds.encode_reply({'round': req['round'], 'kind': req['kind'], 'obs': 1}))\n")
+            "os.write(fd, protocol.encode_reply({'round': req['round'], 'kind': req['kind'], 'obs': 1}))\n")
     with fake_side("import subprocess\n", each) as (proc, side):
         cpu, _ = side.timed({"round": 1, "kind": "round"}, 30, cpu=lambda: proctree.cpu_seconds(proc.pid))
         wall, _ = side.timed({"round": 2, "kind": "round"}, 30)
@@ -118,9 +88,9 @@ def test_a_served_workload_is_answered_in_the_parent_and_an_ask_where_none_is_se
 
     with fake_side("", "got = []\n"
                        "for _ in range(req['args']['calls']):\n"
-                       "    os.write(fd, rounds.ASK_FRAME)\n"
+                       "    os.write(fd, protocol.ASK_FRAME)\n"
                        "    got.append(json.loads(seal.read_frame(0)))\n"
-                       "os.write(fd, rounds.encode_reply({'round': req['round'], 'kind': req['kind'], 'obs': got}))\n"
+                       "os.write(fd, protocol.encode_reply({'round': req['round'], 'kind': req['kind'], 'obs': got}))\n"
                    ) as (proc, side):
         load = Workload("cpu", 20.0, warmup=1, reps=3, outlier_at=5)
         seconds, reply = side.timed({"round": 1, "kind": "round", "args": {"calls": 4}}, 30, load.answer)
@@ -145,10 +115,10 @@ def test_an_honest_timers_median_of_served_calls_never_exceeds_the_graders_bound
             "for i in range(6):\n"
             "    t0 = time.perf_counter()\n"
             "    time.sleep(0.015 if i % 2 else 0)\n"
-            "    os.write(fd, rounds.ASK_FRAME)\n"
+            "    os.write(fd, protocol.ASK_FRAME)\n"
             "    seal.read_frame(0)\n"
             "    took.append((time.perf_counter() - t0) * 1e3)\n"
-            "os.write(fd, rounds.encode_reply({'round': req['round'], 'kind': req['kind'], 'obs': took}))\n")
+            "os.write(fd, protocol.encode_reply({'round': req['round'], 'kind': req['kind'], 'obs': took}))\n")
     with fake_side("", each) as (proc, side):
         load = Workload("cpu", 2.0, warmup=1, reps=5, outlier_at=9)
         _, reply = side.timed({"round": 1, "kind": "round"}, 30, load.answer)
@@ -174,7 +144,7 @@ def test_the_students_time_limit_counts_its_own_rounds_not_the_baselines_turns()
     between rounds (the baseline's turn, or a loaded machine's): after three rounds 0.4 s is left, not none; a
     reply later than the time left and the grace times out."""
     with fake_side("", "time.sleep(0.2)\n"
-                       "os.write(fd, rounds.encode_reply({'round': req['round'], 'kind': req['kind'], 'obs': 1}))\n"
+                       "os.write(fd, protocol.encode_reply({'round': req['round'], 'kind': req['kind'], 'obs': 1}))\n"
                    ) as (proc, side):
         rounds._ask_student(proc, side, [{"round": 0, "kind": "round"}], rounds.StudentClock(60.0))  # its start-up
         clock = rounds.StudentClock(1.0)

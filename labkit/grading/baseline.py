@@ -72,7 +72,7 @@ def main(job_text: str) -> None:
 
     import labkit
     from labkit import exercises
-    from labkit.grading import rounds, seal
+    from labkit.grading import protocol, seal
 
     labkit.setup(device=job["device"], quick=True)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
@@ -100,8 +100,8 @@ def main(job_text: str) -> None:
             return {"error": f"{type(exc).__name__}: {exc}"}
 
     try:
-        rounds.serve(lambda: json.loads(seal.read_frame(stdin)), run_round,
-                     lambda reply: rounds.write_all(reply_fd, rounds.encode_reply(reply)))
+        protocol.serve(lambda: json.loads(seal.read_frame(stdin)), run_round,
+                     lambda reply: protocol.write_all(reply_fd, protocol.encode_reply(reply)))
     except EOFError:  # the parent went away
         pass
 

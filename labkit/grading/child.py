@@ -24,7 +24,7 @@ from time import monotonic as _monotonic  # bound now: a student's rebinding of 
 from typing import Any, Callable
 
 from labkit.exercises import integrity
-from labkit.grading import answers, rounds, seal
+from labkit.grading import answers, protocol, seal
 from labkit.exercises.spec import Served
 from labkit.grading.guard import install_guard
 
@@ -167,7 +167,7 @@ def _serve_rounds(ns: dict, name: str, spec, timeout: float, describe, requests:
             except BaseException as exc:
                 return {"error": describe(exc, timeout)}
 
-        rounds.serve(lambda: json.loads(requests()), timed_handle, reply)
+        protocol.serve(lambda: json.loads(requests()), timed_handle, reply)
         _set_alarm(0)
     except ExerciseTimeout:
         _set_alarm(0)
@@ -231,7 +231,7 @@ def main(in_dir: str, out_dir: str) -> None:
 
     def ask() -> dict:
         """A served workload's call (labkit.exercises.spec.Served): a frame to the parent, its answer from stdin."""
-        write(reply_fd, rounds.ASK_FRAME)
+        write(reply_fd, protocol.ASK_FRAME)
         return json.loads(seal.read_frame(pipe, read))
 
     def display(*objs, **kwargs):
@@ -267,7 +267,7 @@ def main(in_dir: str, out_dir: str) -> None:
             if fns[name].rounds is not None and reply_fd is not None:  # timed by the parent, from outside
                 emit(ev="rounds", nb=nb["name"], fn=name)
                 _serve_rounds(ns, name, fns[name].rounds, limit, describe, lambda: seal.read_frame(pipe, read),
-                              lambda r: rounds.write_all(reply_fd, rounds.encode_reply(r, save), write), ask)
+                              lambda r: protocol.write_all(reply_fd, protocol.encode_reply(r, save), write), ask)
                 emit(ev="fn_done", nb=nb["name"], fn=name)
                 continue
             results = _grade_function(ns, name, callers[name], todo, limit, describe, fns[name].timed,
