@@ -14,13 +14,18 @@ def table() -> dict[int, tuple[int, int]]:
     out = {}
     for name in names:
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-            fields = data[data.rfind(b")") + 2:].split()  # after the command, which may hold spaces and ')'
+            fields = _stat(int(name))
             out[int(name)] = (int(fields[1]), int(fields[21]))
         except (OSError, ValueError, IndexError):  # gone meanwhile
             continue
     return out
+
+
+def _stat(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command (which may hold spaces and ')'): state, parent pid, ..."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return data[data.rfind(b")") + 2:].split()
 
 
 def below(root: int, procs: dict[int, tuple[int, int]] | None = None) -> list[int]:
@@ -59,9 +64,7 @@ def signal_tree(root: int, sig: int) -> None:
 def _cpu_ticks(pid: int) -> tuple[int, int] | None:
     """(own user + system, reaped children's user + system) clock ticks of `pid`, from /proc/PID/stat."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        fields = data[data.rfind(b")") + 2:].split()
+        fields = _stat(pid)
         return int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
     except (OSError, ValueError, IndexError):
         return None
