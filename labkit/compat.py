@@ -174,8 +174,10 @@ def nvrtc_compile() -> Callable[..., Any] | None:
     return getattr(torch.cuda, "_compile_kernel", None)
 
 
+@functools.lru_cache(maxsize=None)
 def cuda_driver() -> Any:
-    """The CUDA driver library as PyTorch loads it (ctypes)."""
+    """The CUDA driver library as PyTorch loads it (ctypes), loaded once (torch's helper loads it anew on every
+    call)."""
     from torch.cuda._utils import _get_gpu_runtime_library
 
     return _get_gpu_runtime_library()

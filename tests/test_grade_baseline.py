@@ -25,15 +25,15 @@ class FakeDriver:
 
 def test_the_reset_sets_no_set_aside_and_makes_every_line_normal(monkeypatch):
     fake = FakeDriver(0)
-    monkeypatch.setattr(baseline, "_driver", [fake])
+    monkeypatch.setattr(baseline, "cuda_driver", lambda: fake)
     assert baseline.reset_persisting_l2() is None
     assert fake.calls == [("limit", baseline.CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0), ("reset",)]
 
 
 def test_a_refusal_or_a_missing_driver_is_said_not_raised(monkeypatch):
-    monkeypatch.setattr(baseline, "_driver", [FakeDriver(201)])  # CUDA_ERROR_INVALID_CONTEXT
+    monkeypatch.setattr(baseline, "cuda_driver", lambda: FakeDriver(201))  # CUDA_ERROR_INVALID_CONTEXT
     assert "201" in baseline.reset_persisting_l2()
-    monkeypatch.setattr(baseline, "_driver", [None])
+    monkeypatch.setattr(baseline, "cuda_driver", lambda: None)
     assert "no CUDA driver" in baseline.reset_persisting_l2()
     assert baseline.persisting_l2_limit() is None
 

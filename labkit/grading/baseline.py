@@ -7,27 +7,26 @@ a baseline is timed under is the one labkit starts with, whatever the student's 
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import sys
 import time
 
 CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06  # cuda.h's CUlimit
-_driver: list = []  # the CUDA driver, loaded once (or None where there is none)
 
 
+@functools.lru_cache(maxsize=None)
 def cuda_driver() -> ctypes.CDLL | None:
     """The CUDA driver library as PyTorch loads it (labkit.compat.cuda_driver), or None where this machine has none
     (or its GPU runtime is not CUDA's)."""
-    if not _driver:
-        from labkit import compat  # (imports torch: only once the job's cores are set)
+    from labkit import compat  # (imports torch: only once the job's cores are set)
 
-        try:
-            lib = compat.cuda_driver()
-        except OSError:
-            lib = None
-        _driver.append(lib if hasattr(lib, "cuCtxSetLimit") else None)
-    return _driver[0]
+    try:
+        lib = compat.cuda_driver()
+    except OSError:
+        return None
+    return lib if hasattr(lib, "cuCtxSetLimit") else None
 
 
 def reset_persisting_l2() -> str | None:
@@ -101,7 +100,7 @@ def main(job_text: str) -> None:
 
     try:
         protocol.serve(lambda: json.loads(seal.read_frame(stdin)), run_round,
-                     lambda reply: protocol.write_all(reply_fd, protocol.encode_reply(reply)))
+                       lambda reply: protocol.write_all(reply_fd, protocol.encode_reply(reply)))
     except EOFError:  # the parent went away
         pass
 

@@ -242,6 +242,7 @@ class Driver:
         obs: list = []
         mine_s: list[float] = []
         base_s: list[float] = []
+        base_cpu, mine_cpu = self._cpu_clock(base.proc), self._cpu_clock(proc)  # None on a GPU: the wall clock
 
         def pair(i: int, base_first: bool) -> tuple[float, float]:
             req = {"round": i, "kind": "round", "args": rounds.for_round(args, i)}
@@ -249,14 +250,14 @@ class Driver:
                 if who == "base":
                     if self.device == "cuda":
                         _wait_for_idle_gpu(base.side, i, blame=blame)
-                    seconds, reply = base.side.timed(req, BASELINE_START_S, cpu=self._cpu_clock(base.proc))
+                    seconds, reply = base.side.timed(req, BASELINE_START_S, cpu=base_cpu)
                     if "obs" not in reply:
                         raise RuntimeError(f"the baseline's round {i} failed: {str(reply.get('error'))[:300]}")
                     base_s.append(seconds)
                     continue
                 # then, untimed, the child's own check that nothing judging it was changed
                 seconds, reply = _ask_student(proc, child, [req, {"round": i, "kind": "check"}], clock,
-                                              pin=self._pinner(proc), cpu=self._cpu_clock(proc))
+                                              pin=self._pinner(proc), cpu=mine_cpu)
                 obs.append(reply["obs"])
                 mine_s.append(seconds)
             return base_s[-1], mine_s[-1]

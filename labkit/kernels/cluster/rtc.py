@@ -27,7 +27,7 @@ ELEM = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the element ty
 
 @functools.lru_cache(maxsize=None)
 def _driver() -> ctypes.CDLL:
-    """The CUDA driver library, loaded once (torch's helper loads it anew on every call)."""
+    """The CUDA driver library (labkit.compat.cuda_driver), with cuLaunchKernel's argument types set once."""
     lib = compat.cuda_driver()
     lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p,
                                    ctypes.c_void_p]
