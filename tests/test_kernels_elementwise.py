@@ -80,11 +80,18 @@ def test_bias_gelu_non_contiguous_and_many_rows(poison_outputs, close64):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_bias_gelu_backward_with_many_row_tiles(dtype, close64):
+@pytest.mark.parametrize("fused", [True, False])
+def test_bias_gelu_backward_with_many_row_tiles(dtype, fused, poison_outputs, close64, monkeypatch):
     # Row tiles of 8 (fp32) or 4 rows and 3 or 2 column blocks, more tiles than programs (in the interpreter):
     # each program loops over several tiles and sums them; the last row tile and column block are partly masked.
+    # dbias added up by the kernel's last programs (fused) or, as under a CUDA graph's capture, by sum_partials.
+    mod = kernels.modules()["bias_gelu"]
+    if not fused:
+        monkeypatch.setattr(mod, "arrival_counter", lambda device: None)
     x, b, dy = randn(50, 1500, dtype=dtype), randn(1500, dtype=dtype), randn(50, 1500, dtype=dtype)
     _bias_gelu_backward_matches_float64(x, b, dy, close64)
+    if fused:  # the counter is left at zero for the next launch
+        assert mod.arrival_counter(x.device).item() == 0
 
 
 def _bias_gelu_backward_matches_float64(x, b, dy, close64):
@@ -105,6 +112,18 @@ def test_bias_gelu_backward_of_no_rows():
 def test_bias_gelu_backward_at_full_size_on_gpu(dtype, close64):
     x, b, dy = randn(4096, 4096, dtype=dtype), randn(4096, dtype=dtype), randn(4096, 4096, dtype=dtype)
     _bias_gelu_backward_matches_float64(x, b, dy, close64)
+    # dbias's sums go in a fixed order: the same bits every call, and under a CUDA graph (sum_partials) as eagerly
+    first = [bias_gelu_backward(dy, x, b)[1] for _ in range(3)]
+    assert all(torch.equal(first[0], again) for again in first[1:])
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        bias_gelu_backward(dy, x, b)  # warm-up on the capture's stream
+        with torch.cuda.graph(graph, stream=stream):
+            captured = bias_gelu_backward(dy, x, b)[1]
+    graph.replay()
+    torch.cuda.synchronize()
+    _bias_gelu_backward_matches_float64(x, b, dy, close64)  # eager calls after the capture still add up right
+    torch.testing.assert_close(captured, first[0], rtol=1e-6 if dtype == torch.float32 else 1e-2, atol=1e-5)
 
 
 def test_bad_inputs_say_what_to_do():

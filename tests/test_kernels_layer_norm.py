@@ -82,9 +82,15 @@ def test_layer_norm_backward_many_rows_per_program(stages, poison_outputs, close
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_layer_norm_backward_sums_many_partial_rows(dtype, poison_outputs, close64, monkeypatch):
-    # 100 (fp32) or 50 row tiles, one program each: more partial rows than one BLOCK_P of the final sum.
-    monkeypatch.setattr(kernels.modules()["layer_norm"], "num_sms", lambda device: 100)
+@pytest.mark.parametrize("fused", [True, False])
+def test_layer_norm_backward_sums_many_partial_rows(dtype, fused, poison_outputs, close64, monkeypatch):
+    # 100 (fp32) or 50 row tiles, one program each: more partial rows than one block of rows of the final sum,
+    # added up by the kernel's last programs (fused, finish_partials) or, as under a CUDA graph's capture, by
+    # sum_partials.
+    mod = kernels.modules()["layer_norm"]
+    monkeypatch.setattr(mod, "num_sms", lambda device: 100)
+    if not fused:
+        monkeypatch.setattr(mod, "arrival_counter", lambda device: None)
     x, w, b, dy = (randn(400, 700, dtype=dtype) * 2 - 1), randn(700, dtype=dtype), randn(700, dtype=dtype), \
         randn(400, 700, dtype=dtype)
     _, mean, rstd = layer_norm_forward(x, w, b)
@@ -94,6 +100,8 @@ def test_layer_norm_backward_sums_many_partial_rows(dtype, poison_outputs, close
     close64(dx, dx64, scale=2)
     close64(dw, dw64, scale=20)  # sums of 400 rows (fp32 accumulation), rounded once
     close64(db, db64, scale=20)
+    if fused:
+        assert mod.arrival_counter(x.device).item() == 0  # left at zero for the next launch
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -184,11 +184,76 @@ def sum_partials_kernel(partial_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK
     tl.store(out_ptr + t * N + cols, acc.to(out_ptr.dtype.element_ty), mask=col_mask)
 
 
+@triton.jit
+def finish_partials(partial_ptr, out_ptr, count_ptr, T, P, N, ARRIVALS, REDUCERS: tl.constexpr):
+    # What sum_partials does, at the end of the kernel that left the partials (one launch fewer: issue 39's host
+    # path). Every one of the kernel's ARRIVALS programs calls this once its partial rows are stored (fp32
+    # (T, P, N) in partial_ptr: T stacks of P rows) and arrives on count_ptr (an int32 zero, see
+    # arrival_counter). The last REDUCERS to arrive wait for the others ("acquire": their partials are visible
+    # from then on); each then adds up every REDUCERS-th block of FINISH_N columns over the P rows of each stack,
+    # in a fixed order, and stores the sums rounded once into out_ptr (T, N). The last to finish sets the counter
+    # back to zero for the next launch. Only the last REDUCERS programs ever wait, and the programs they wait for
+    # number fewer than REDUCERS: with REDUCERS at most half the SMs (finish_reducers), those always find an SM. In
+    # the interpreter (programs one after another) REDUCERS is 1: the last program, which waits for none.
+    a = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+    r = a - (ARRIVALS - REDUCERS)
+    if r >= 0:
+        wait_for(count_ptr, ARRIVALS)
+        for blk in range(r, tl.cdiv(N, FINISH_N), REDUCERS):
+            cols = blk * FINISH_N + tl.arange(0, FINISH_N)
+            col_mask = cols < N
+            for t in range(T):
+                acc = tl.zeros((FINISH_N,), tl.float32)
+                for start in range(0, P, FINISH_P):
+                    rows = start + tl.arange(0, FINISH_P)
+                    mask = (rows < P)[:, None] & col_mask[None, :]
+                    acc += tl.sum(tl.load(partial_ptr + (t * P + rows[:, None]).to(tl.int64) * N + cols[None, :],
+                                          mask=mask, other=0.0, cache_modifier=".cg"), axis=0)
+                tl.store(out_ptr + t * N + cols, acc.to(out_ptr.dtype.element_ty), mask=col_mask)
+        if tl.atomic_add(count_ptr, 1, sem="relaxed") == ARRIVALS + REDUCERS - 1:
+            tl.atomic_xchg(count_ptr, 0, sem="relaxed")
+
+
+# finish_partials' tile of partial rows x columns. Narrow column blocks spread the sums over many reducers: with
+# 128 columns and 16 reducers, the sums of a layer norm backward of 8192x8192 bf16 on an H100 (8.6 MB of partials)
+# added 51 us to the kernel's 152 (2026-11-28).
+FINISH_P, FINISH_N = tl.constexpr(64), tl.constexpr(32 if INTERPRETED else 64)
+
+
+def finish_reducers(arrivals: int, device: torch.device) -> int:
+    """REDUCERS for finish_partials in a kernel of `arrivals` programs: no more than arrive, and at most half of
+    the device's SMs, so the programs they wait for find an SM even beside another kernel; 1 in the interpreter."""
+    return 1 if INTERPRETED else max(1, min(arrivals, num_sms(device) // 2))
+
+
+_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+
+
+def arrival_counter(device: torch.device) -> torch.Tensor | None:
+    """finish_partials' counter for kernels on `device`'s current stream: an int32 zero made on the first call
+    and kept (each launch leaves it at zero; launches on one stream run one after another). None while a CUDA
+    graph is being captured, where a counter made or used now would tie eager calls to the graph's replays: the
+    caller sums its partials with sum_partials then."""
+    if device.type == "cuda":
+        if _capturing():
+            return None
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (index, compat.current_raw_stream(index))
+    else:
+        key = (-1, 0)
+    found = _COUNTERS.get(key)
+    if found is None:
+        found = _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return found
+
+
 def sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(T, N) sums over the middle dim of fp32 `partial` (T, P, N), rounded once to `dtype`.
 
     The backward kernels leave per-program partial sums of dweight/dbias; narrow column blocks give
-    enough programs to keep this short (a few blocks over wide ones left most SMs idle).
+    enough programs to keep this short (a few blocks over wide ones left most SMs idle). Kernels that can add
+    theirs up in their own launch do (finish_partials); this one serves the rest, and CUDA graph captures.
     """
     T, P, N = partial.shape
     out = torch.empty(T, N, dtype=dtype, device=partial.device)

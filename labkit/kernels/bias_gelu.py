@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 from labkit import compat
-from labkit.kernels._common import (INTERPRETED, Launcher, PlanCache, builds_graph, cdiv, check_inputs as _check,
+from labkit.kernels._common import (INTERPRETED, Launcher, PlanCache, arrival_counter, builds_graph,
+                                    cdiv, check_inputs as _check, finish_partials, finish_reducers,
                                     next_pow2, num_sms, pipeline_stages, rows_2d, sum_partials)
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -60,11 +61,13 @@ def bias_gelu_fwd_kernel(x_ptr, b_ptr, y_ptr, M, N, stride_x, stride_y,
 
 
 @triton.jit
-def bias_gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, dbias_partial_ptr, M, N,
+def bias_gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, dbias_partial_ptr, dbias_ptr, count_ptr, M, N,
                          stride_dy, stride_x, stride_dx, n_row_tiles, n_row_programs,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+                         REDUCERS: tl.constexpr):
     # Program (p, j) walks row tiles p, p + n_row_programs, ... of column block j, writing dx and
-    # summing dx over its rows; the partial sums (one row per p) are added up afterwards.
+    # summing dx over its rows; the partial sums (one row per p) are added up into dbias by the last
+    # REDUCERS programs to finish (finish_partials), or afterwards by the caller (REDUCERS 0).
     # Triton pipelines the walk STAGES deep: the next tiles' dy and x load into shared memory meanwhile.
     p = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -85,6 +88,9 @@ def bias_gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, dbias_partial_ptr, M, N,
         tl.store(dx_ptr + rows64 * stride_dx + cols[None, :], dz.to(dx_ptr.dtype.element_ty), mask=mask)
         acc += tl.where(mask, dz, 0.0)
     tl.store(dbias_partial_ptr + p * N + cols, tl.sum(acc, axis=0), mask=col_mask)
+    if REDUCERS > 0:
+        finish_partials(dbias_partial_ptr, dbias_ptr, count_ptr, 1, n_row_programs, N,
+                        n_row_programs * tl.num_programs(1), REDUCERS)
 
 
 # (elements per tile, widest tile, num_warps) of the forward and, by dtype, the backward; by dtype, the
@@ -94,7 +100,9 @@ def bias_gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, dbias_partial_ptr, M, N,
 # and 191 us for fp32 16384x4096 against 183). The backward again on an H100 (2026-11-28, the kernel alone, L2
 # flushed): these tiles within 2% of the best of 72 (tile, programs per SM, stages) at 4096x4096, 16384x4096 and
 # 8192x8192 in fp32 and bf16, and 1.31-1.39x faster than eager's gelu_backward + sum (fp32 4096x4096: 79.8 us
-# against 110.8; bf16: 47.7 against 63.6). Through autograd at 4096x4096 the host's 140-180 us per call outlast them.
+# against 110.8; bf16: 47.7 against 63.6). Through autograd at 4096x4096 the host's 140-180 us per call outlast them;
+# adding dbias up in the kernel's own launch (finish_partials) cut 10-34 us of host time per call on an H100 host at
+# the bench's shapes, the kernel's GPU time within 4% of the two launches' (2026-11-28).
 FWD_TILE = {torch.float32: (4096, 4096, 8), torch.float16: (4096, 4096, 16), torch.bfloat16: (4096, 4096, 16)}
 BWD_TILE = {torch.float32: (4096, 512, 8), torch.float16: (4096, 1024, 4), torch.bfloat16: (4096, 1024, 4)}
 BWD_PROGRAMS_PER_SM = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 2}
@@ -124,7 +132,8 @@ def _fwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tup
 
 
 def _bwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple[tuple, int, int, dict]:
-    """(grid, programs per column block, row tiles, constexprs and num_warps) of the backward."""
+    """(grid, programs per column block, row tiles, constexprs and num_warps, the same with finish_partials'
+    REDUCERS) of the backward."""
     key = (M, N, dtype, device)
     found = _BWD_PLANS.get(key)
     if found is None:
@@ -133,8 +142,9 @@ def _bwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tup
         # Enough programs to fill the GPU a few times over, each summing many rows: few partial rows.
         programs = max(1, min(row_tiles, BWD_PROGRAMS_PER_SM[dtype] * num_sms(device) // col_tiles))
         stages = pipeline_stages(device, 2 * bm * bn * dtype.itemsize, BWD_STAGES)  # dy and x of a tile
-        found = _BWD_PLANS.put(key, ((programs, col_tiles), programs, row_tiles,
-                                     dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)))
+        meta = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)
+        found = _BWD_PLANS.put(key, ((programs, col_tiles), programs, row_tiles, dict(meta, REDUCERS=0),
+                                     dict(meta, REDUCERS=finish_reducers(programs * col_tiles, device))))
     return found
 
 
@@ -156,10 +166,14 @@ def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) ->
     dx = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if not (M and N):
         return dx.view(*x.shape), torch.zeros(N, dtype=bias.dtype, device=x.device)
-    grid, programs, row_tiles, meta = _bwd_launch(M, N, x.dtype, x.device)
+    grid, programs, row_tiles, meta, fused = _bwd_launch(M, N, x.dtype, x.device)
     partial = torch.empty(1, programs, N, dtype=torch.float32, device=x.device)
-    _bwd.launch(grid, (dy2, x2, bias, dx, partial, M, N, dy2.stride(0), x2.stride(0), N, row_tiles, programs), meta)
-    return (dx if x.dim() == 2 else dx.view(*x.shape)), sum_partials(partial, bias.dtype)[0]
+    counter = arrival_counter(x.device)  # (None while a CUDA graph is captured: sum_partials adds them up)
+    dbias = partial if counter is None else torch.empty(N, dtype=bias.dtype, device=x.device)
+    _bwd.launch(grid, (dy2, x2, bias, dx, partial, dbias, partial if counter is None else counter, M, N,
+                       dy2.stride(0), x2.stride(0), N, row_tiles, programs), meta if counter is None else fused)
+    return (dx if x.dim() == 2 else dx.view(*x.shape)), (sum_partials(partial, bias.dtype)[0] if counter is None
+                                                         else dbias)
 
 
 class BiasGelu(torch.autograd.Function):

@@ -26,9 +26,10 @@ import triton.language as tl
 
 from labkit import compat
 from labkit.kernels.cluster import rtc
-from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, Launcher, PlanCache, arrive, builds_graph, cdiv,
-                                    check_inputs, next_pow2, num_sms, pipeline_stages, row_tile, rows_2d,
-                                    split_exchange, split_ticket, sum_partials, wait_for)
+from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, Launcher, PlanCache, arrival_counter, arrive,
+                                    builds_graph, cdiv, check_inputs, finish_partials, finish_reducers, next_pow2,
+                                    num_sms, pipeline_stages, row_tile, rows_2d, split_exchange, split_ticket,
+                                    sum_partials, wait_for)
 
 MAX_COLS = 16384  # a whole row is held in registers
 
@@ -96,12 +97,14 @@ def layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, 
 
 
 @triton.jit
-def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr, M, N,
+def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr, dwb_ptr, count_ptr, M, N,
                           stride_dy, stride_x, stride_dx, n_row_tiles,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+                          REDUCERS: tl.constexpr):
     # Program p handles row tiles p, p + P, p + 2P, ... (P programs): it writes dx for those rows
     # and sums dy * xhat and dy over them, then stores the two partial sums as row p of
-    # dw_partial / db_partial, fp32 (2, P, N) in partial_ptr; the caller adds the P partial rows up.
+    # dw_partial / db_partial, fp32 (2, P, N) in partial_ptr. The last REDUCERS programs to finish add the P
+    # partial rows up into dwb_ptr, (2, N) in the weight's dtype (finish_partials); with REDUCERS 0 the caller does.
     # Triton pipelines the loop STAGES deep: the next tiles' x and dy are copied into shared memory while
     # this tile is reduced and written, so the loads never stop.
     p = tl.program_id(0)
@@ -131,6 +134,8 @@ def layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, part
         db_acc += dy
     tl.store(partial_ptr + p * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
     tl.store(partial_ptr + (n_programs + p) * N + cols, tl.sum(db_acc, axis=0), mask=col_mask)
+    if REDUCERS > 0:
+        finish_partials(partial_ptr, dwb_ptr, count_ptr, 2, n_programs, N, n_programs, REDUCERS)
 
 
 # Wide backward rows, split. A whole row of x and dy plus the two row-wide accumulators of dweight and
@@ -304,7 +309,8 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 
 def _bwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple:
-    """("split", _split_plan) for split rows, else ("rows", grid, programs, row tiles, constexprs), cached."""
+    """("split", _split_plan) for split rows, else ("rows", grid, programs, row tiles, constexprs, the same with
+    finish_partials' REDUCERS), cached."""
     key = (M, N, dtype, device)
     found = _BWD_PLANS.get(key)
     if found is None:
@@ -313,8 +319,9 @@ def _bwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tup
             found = ("split", split)
         else:
             programs, bm, bn, warps, stages = _bwd_plan(M, N, dtype, device)
-            found = ("rows", (programs,), programs, cdiv(M, bm),
-                     dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps))
+            meta = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)
+            found = ("rows", (programs,), programs, cdiv(M, bm), dict(meta, REDUCERS=0),
+                     dict(meta, REDUCERS=finish_reducers(programs, device)))
         _BWD_PLANS.put(key, found)
     return found
 
@@ -330,16 +337,22 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         dwb = torch.zeros(2, N, dtype=weight.dtype, device=device)
         return (dx.view(*x.shape), dwb) if stacked else (dx.view(*x.shape), *dwb.unbind())
     plan = _bwd_launch(M, N, x.dtype, device)
-    if plan[0] == "rows":  # whole rows
-        _, grid, programs, tiles, meta = plan
+    dwb = None
+    if plan[0] == "rows":  # whole rows; their partial sums added up in the same launch where a counter is kept
+        _, grid, programs, tiles, meta, fused = plan
         partial = torch.empty(2, programs, N, dtype=torch.float32, device=device)
-        _bwd.launch(grid, (dy2, x2, weight, mean, rstd, dx, partial, M, N, dy2.stride(0), x2.stride(0), N, tiles),
-                    meta)
+        counter = arrival_counter(device)
+        if counter is not None:
+            dwb = torch.empty(2, N, dtype=weight.dtype, device=device)
+        _bwd.launch(grid, (dy2, x2, weight, mean, rstd, dx, partial, partial if dwb is None else dwb,
+                           partial if counter is None else counter, M, N, dy2.stride(0), x2.stride(0), N, tiles),
+                    meta if dwb is None else fused)
     else:  # split rows: the cluster kernel where it can run, else Triton's split kernel
         partial = _backward_cluster(dy2, x2, weight, mean, rstd, dx)
         if partial is None:
             partial = _backward_split(dy2, x2, weight, mean, rstd, dx, plan[1])
-    dwb = sum_partials(partial, weight.dtype)
+    if dwb is None:
+        dwb = sum_partials(partial, weight.dtype)
     dx = dx if x.dim() == 2 else dx.view(*x.shape)
     return (dx, dwb) if stacked else (dx, *dwb.unbind())  # (unbind: one call, not a Python loop over rows)
 
