@@ -46,11 +46,12 @@ def processes(root: int) -> list[int]:
     return [root, *below(root)]
 
 
-def signal_tree(root: int, sig: int) -> None:
-    """`sig` to `root` and every process below it, again until no new one appears (one may fork meanwhile)."""
+def signal_tree(root: int, sig: int, include_root: bool = True) -> None:
+    """`sig` to `root` (unless not `include_root`) and every process below it, again until no new one appears (one
+    may fork meanwhile)."""
     done: set[int] = set()
     for _ in range(20):
-        todo = [p for p in processes(root) if p not in done]
+        todo = [p for p in (processes(root) if include_root else below(root)) if p not in done]
         if not todo:
             return
         for pid in todo:

@@ -6,7 +6,7 @@ it can write), a private /tmp and /dev/shm (tmpfs of bounded size), no network, 
 worker's device node (own_gpus), its own PID and user namespaces (it runs as `nobody`, cannot see or
 signal the grader, and dies with it). The solutions, the graded tests, other submissions, the output
 folder and the work folders of other students are not mounted at all. `NoSandbox`
-(--unsafe-no-sandbox) runs the same command bare.
+(--unsafe-no-sandbox) runs the same command bare, under keeper.py, which keeps what it detaches in its tree.
 """
 from __future__ import annotations
 
@@ -30,6 +30,13 @@ SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys"
           "/etc/nsswitch.conf", "/etc/localtime")
 IN, OUT, SCRATCH = "/grader/in", "/grader/out", "/tmp/scratch"
 SCRATCH_DIRS = ("cwd", "home", "tmp", "cache", "triton", "ext", "build")
+KEEPER = Path(__file__).resolve().with_name("keeper.py")  # runs the process without a sandbox (NoSandbox)
+
+
+def exit_code(rc: int) -> int:
+    """bwrap (and the keeper) exit with 128 + N when the process inside was killed by signal N: as Popen would
+    say it."""
+    return -(rc - 128) if 128 < rc < 128 + 65 else rc
 NOBODY = "65534"
 
 
@@ -182,10 +189,7 @@ class Bwrap:
     def scratch_for(self, work: Path) -> Path:
         return self.scratch
 
-    @staticmethod
-    def exit_code(rc: int) -> int:
-        """bwrap exits with 128 + N when the process inside was killed by signal N: as Popen would say it."""
-        return -(rc - 128) if 128 < rc < 128 + 65 else rc
+    exit_code = staticmethod(exit_code)
 
     def probe(self, imports: bool = True) -> None:
         """Start Python in the sandbox (importing torch and labkit when `imports`); SandboxError if it cannot."""
@@ -222,12 +226,12 @@ class NoSandbox:
 
     def command(self, module: str, in_dir: Path, out_dir: Path, env: dict, work: Path,
                 labkit_copy: Path | None = None) -> tuple[list[str], str]:
-        """No mount: the stubs (labkit.grading.answers) are all that hides the answers here."""
-        return [sys.executable, "-m", module, str(in_dir), str(out_dir)], str(work / "scratch" / "cwd")
+        """No mount: the stubs (labkit.grading.answers) are all that hides the answers here. The process runs
+        under labkit/grading/keeper.py, which keeps what it detaches in its tree (as bwrap's PID namespace does)."""
+        return ([sys.executable, "-I", str(KEEPER), sys.executable, "-m", module, str(in_dir), str(out_dir)],
+                str(work / "scratch" / "cwd"))
 
-    @staticmethod
-    def exit_code(rc: int) -> int:
-        return rc
+    exit_code = staticmethod(exit_code)
 
     def scratch_for(self, work: Path) -> Path:
         for sub in SCRATCH_DIRS:

@@ -219,7 +219,14 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
                 killed = _over_limits(proc, out_dir, logf.fileno(), limits, ticks)
             if killed:
                 break
-        try:  # the process and its group; in bwrap, the whole PID namespace dies with it
+        # Still running (stopped here; not reaped, so the pid is still its own): everything below it, stopped first
+        # so none forks past the kill, while it still holds them (without a sandbox keeper.py keeps what was
+        # detached there). One that ended took its leftovers with it (keeper.py; bwrap's PID namespace). Then its
+        # group.
+        if proc.returncode is None:
+            for sig in (signal.SIGSTOP, signal.SIGKILL):
+                proctree.signal_tree(proc.pid, sig)
+        try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
