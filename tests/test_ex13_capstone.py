@@ -302,3 +302,31 @@ def test_merging_shards_ranks_their_leaderboards_as_one_class(tmp_path):
     with open(tmp_path / "all" / "leaderboard.csv", newline="") as f:
         board = [(r["rank"], r["student"]) for r in csv.DictReader(f)]
     assert board == [("1", "bo"), ("2", "ann"), ("", "cid")]
+
+
+class _SleepyTrainer(ex13.BaselineTrainer):
+    """The baseline's loop, idle 20 ms a step: wall time that is no CPU time (as a loaded machine's is)."""
+
+    def step(self):
+        import time
+        time.sleep(0.02)
+        return super().step()
+
+
+def test_the_preview_counts_cpu_time_on_a_cpu_as_the_grader_does(monkeypatch):
+    # The notebook's preview times a CPU round on this process's CPU time (and its children's), as the grader's
+    # rounds do, so load on the machine does not move it: an idle step costs nothing.
+    sizes = ex13.SIZES["cpu"]
+    run, corpus, held = ex13.workload(sizes, 1)
+    with ex13.threads(1):  # as the rounds run on a CPU (idle worker threads would spin: CPU time)
+        wall = ex13.one_round(_SleepyTrainer, run, corpus, held, torch.device("cpu"))["seconds"]
+        cpu = ex13.one_round(_SleepyTrainer, run, corpus, held, torch.device("cpu"), ex13._CPU_CLOCK)["seconds"]
+    idle = 0.02 * run.steps
+    assert wall >= idle and cpu < wall - 0.8 * idle
+    clocks = []
+    monkeypatch.setattr(ex13, "one_round", lambda *a: clocks.append(a[5]) or {"seconds": 1.0, "losses": [],
+                                                                             "logits": torch.zeros(1)})
+    monkeypatch.setattr(ex13.speed, "paired_rounds", lambda pair, *a: [pair(0, True)])
+    got = ex13.call_make_trainer(_SleepyTrainer, {"device": "cpu", "seeds": [1, 2], "sizes": sizes,
+                                                  "thresholds": [], "min rounds": 1})
+    assert clocks == [ex13._CPU_CLOCK] * 2 and got["clock"] == "cpu"
