@@ -73,6 +73,16 @@ def test_a_size_a_kernel_cannot_take_is_skipped_with_its_reason(capsys):
     assert "layer_norm: no size ran" in captured.out and "vector_add  (rate" in captured.out
 
 
+def test_a_modules_name_runs_every_case_it_offers_even_one_of_the_same_name(tmp_path):
+    # `labkit bench bias_gelu` is the forward and the backward (a case is named like its module), each once
+    assert bench.main(["bias_gelu", "--sizes", "3x17", "--save", str(tmp_path / "b")]) == 0
+    assert bench.main(["bias_gelu", "bias_gelu_bwd", "--sizes", "3x17", "--save", str(tmp_path / "c")]) == 0
+    with open(tmp_path / "c.csv", newline="") as f:
+        assert [r[0] for r in list(csv.reader(f))[1:]] == ["bias_gelu", "bias_gelu_bwd"]
+    with open(tmp_path / "b.csv", newline="") as f:
+        assert [r[0] for r in list(csv.reader(f))[1:]] == ["bias_gelu", "bias_gelu_bwd"]
+
+
 def test_a_new_kernel_module_is_one_entry_in_the_table(monkeypatch, capsys):
     def make(dims, dtype, use_compile):
         x = torch.randn(*dims, dtype=dtype)

@@ -340,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = labkit.setup()
     cases, groups = bench_cases(), kernel_groups()
-    args.kernels = [k for name in args.kernels for k in ([name] if name in cases else groups.get(name, [name]))]
+    # a module's name runs all its cases (layer_norm: its forward, backward and forward+backward), else a case's
+    args.kernels = list(dict.fromkeys(k for name in args.kernels for k in groups.get(name, [name])))
     unknown = [k for k in args.kernels if k not in cases]
     if unknown:
         ap.error(f"unknown kernel(s) {', '.join(unknown)}; choose from {', '.join(cases)}")
