@@ -21,6 +21,8 @@ Each hook: what labkit uses it for; what happens without it.
 - `torch.cuda._compile_kernel`, `torch.cuda._utils`: the NVRTC cluster kernels (labkit/kernels/cluster/rtc.py); the
   Triton kernels, with one warning.
 - `torch._C._cuda_getCurrentRawStream`: the current stream's handle, cheaply; `torch.cuda.current_stream()`.
+- `torch._C._cuda_isCurrentStreamCapturing`: whether a CUDA graph is being captured, cheaply (the backward kernels'
+  finish_partials); `torch.cuda.is_current_stream_capturing()`.
 - `torch._scaled_mm`: FP8 matmuls (labkit.precision); FP8 emulated.
 - `torch.cuda._sleep`: a GPU kernel that spins for a number of cycles; those sections skip.
 - `torch._dynamo.reset`: a clean torch.compile cache between cases; recompiles pile up.
@@ -188,6 +190,12 @@ def check_cuda(error: int) -> None:
     from torch.cuda._utils import _check_cuda
 
     _check_cuda(error)
+
+
+def stream_capturing_fn() -> Callable[[], bool]:
+    """Whether the current CUDA stream is capturing a graph: torch.cuda.is_current_stream_capturing without its
+    Python wrapper, where this torch has the C function."""
+    return getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 
 
 def current_raw_stream(device_index: int) -> int:

@@ -227,7 +227,7 @@ def finish_reducers(arrivals: int, device: torch.device) -> int:
 
 
 _COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
-_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+_capturing = compat.stream_capturing_fn()
 
 
 def arrival_counter(device: torch.device) -> torch.Tensor | None:
