@@ -61,10 +61,8 @@ def main(argv: list[str]) -> int:
     while True:
         try:
             got, st = os.waitpid(-1, 0)
-        except ChildProcessError:
+        except ChildProcessError:  # (a signal's interruption is retried by Python itself)
             break
-        except InterruptedError:
-            continue
         if got == pid:
             status = st
             tree = _proctree()
