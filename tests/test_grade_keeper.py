@@ -113,3 +113,52 @@ def test_a_process_the_grader_stops_takes_what_it_detached_along(tmp_path):
     finally:
         if _alive(sleeper):
             os.kill(sleeper, signal.SIGKILL)
+
+
+MARK = "labkit-keeper-test-5d1c"  # in the command line of the process the submission detaches
+DETACH_CELL = f"""
+import ctypes, os
+libc = ctypes.CDLL(None)  # (libc's fork and exec: outside the audit hook's view, as a determined student does)
+if libc.fork() == 0:
+    libc.setsid()
+    if libc.fork() == 0:
+        argv = (ctypes.c_char_p * 4)(b"/bin/sh", b"-c", b"sleep 300; : {MARK}", None)
+        libc.execv(b"/bin/sh", argv)
+    os._exit(0)
+"""
+
+
+def _marked() -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and MARK.encode() in open(f"/proc/{entry}/cmdline", "rb").read():
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_graded_notebook_that_detaches_a_process_leaves_nothing_running(tmp_path):
+    # A whole grading without a sandbox: the notebook detaches a long sleeper (a double fork, its own session)
+    # and finishes; the sleeper ends with the grading, and the student still gets a row.
+    import csv
+    import json
+
+    from labkit.grading.cli import GradeConfig, grade
+    from labkit.paths import COURSE_ROOT
+
+    nb = json.loads((COURSE_ROOT / "solutions" / "04_roofline.ipynb").read_text())
+    nb["cells"].append({"cell_type": "code", "id": "detach", "metadata": {}, "outputs": [], "execution_count": None,
+                        "source": DETACH_CELL})
+    (tmp_path / "subs" / "daemon").mkdir(parents=True)
+    (tmp_path / "subs" / "daemon" / "04_roofline.ipynb").write_text(json.dumps(nb))
+    try:
+        grade(GradeConfig(tmp_path / "subs", tmp_path / "out", device="cpu", only=["04_roofline"], timeout=120,
+                          workers=1, memo="off", unsafe_no_sandbox=True))
+        assert not _marked(), "a process the notebook detached outlived its grading"
+        with open(tmp_path / "out" / "grades.csv", newline="") as f:
+            assert [r["student"] for r in csv.DictReader(f)] == ["daemon"]
+    finally:
+        for pid in _marked():
+            os.kill(pid, signal.SIGKILL)
