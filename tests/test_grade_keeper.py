@@ -20,17 +20,15 @@ import os, sys, time
 pid_file, main_s = sys.argv[1], float(sys.argv[2])
 if os.fork() == 0:
     os.setsid()
-    if os.fork() == 0:
+    if os.fork() == 0:  # the sleeper writes its pid (exec keeps it), then becomes `sleep`
+        with open(pid_file + '.tmp', 'w') as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file + '.tmp', pid_file)
         os.execv('/bin/sleep', ['sleep', '300'])
     os._exit(0)
 os.wait()
-while True:
-    found = [p for p in os.listdir('/proc') if p.isdigit() and open(f'/proc/{p}/cmdline', 'rb').read()
-             == b'sleep\\x00300\\x00' and os.getsid(int(p)) != os.getsid(0)]
-    if found:
-        break
+while not os.path.exists(pid_file):
     time.sleep(0.01)
-open(pid_file, 'w').write(found[0])
 time.sleep(main_s)
 sys.exit(3)
 """
