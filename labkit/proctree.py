@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 
 def table() -> dict[int, tuple[int, int]]:
     """pid -> (parent pid, resident pages) of every process readable now (empty where there is no /proc)."""
+    return _table(_stats())
+
+
+def _stats() -> dict[int, list[bytes]]:
+    """pid -> the fields of its /proc/PID/stat (_stat), of every process readable now."""
     try:
         names = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
     except OSError:
@@ -14,9 +20,18 @@ def table() -> dict[int, tuple[int, int]]:
     out = {}
     for name in names:
         try:
-            fields = _stat(int(name))
-            out[int(name)] = (int(fields[1]), int(fields[21]))
-        except (OSError, ValueError, IndexError):  # gone meanwhile
+            out[int(name)] = _stat(int(name))
+        except OSError:  # gone meanwhile
+            continue
+    return out
+
+
+def _table(stats: dict[int, list[bytes]]) -> dict[int, tuple[int, int]]:
+    out = {}
+    for pid, fields in stats.items():
+        try:
+            out[pid] = (int(fields[1]), int(fields[21]))
+        except (ValueError, IndexError):
             continue
     return out
 
@@ -62,21 +77,29 @@ def signal_tree(root: int, sig: int, include_root: bool = True) -> None:
             done.add(pid)
 
 
-def _cpu_ticks(pid: int) -> tuple[int, int] | None:
-    """(own user + system, reaped children's user + system) clock ticks of `pid`, from /proc/PID/stat."""
+def kill_tree(root: int, include_root: bool = True) -> None:
+    """SIGKILL to `root` (unless not `include_root`) and every process below it, all stopped (SIGSTOP) first, so
+    none forks past the kill."""
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        signal_tree(root, sig, include_root)
+
+
+def _cpu_ticks(fields: list[bytes] | None) -> tuple[int, int] | None:
+    """(own user + system, reaped children's user + system) clock ticks, from a process's /proc/PID/stat fields."""
     try:
-        fields = _stat(pid)
         return int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
-    except (OSError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError):
         return None
 
 
 def cpu_seconds(root: int) -> float:
     """CPU time (user + system, seconds) of `root` and every process below it: each one's threads, exited ones
-    included (its CPU clock, to the nanosecond), and the children it reaped (to the clock tick)."""
+    included (its CPU clock, to the nanosecond), and the children it reaped (to the clock tick). /proc is read
+    once."""
     tick, total = os.sysconf("SC_CLK_TCK"), 0.0
-    for pid in processes(root):
-        if (ticks := _cpu_ticks(pid)) is None:
+    stats = _stats()
+    for pid in [root, *below(root, _table(stats))]:
+        if (ticks := _cpu_ticks(stats.get(pid))) is None:
             continue  # gone meanwhile
         try:
             own = time.clock_gettime_ns((~pid << 3) | 2) / 1e9  # the process's CPU clock (clock_getcpuclockid)

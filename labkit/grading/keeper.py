@@ -65,9 +65,7 @@ def main(argv: list[str]) -> int:
             break
         if got == pid:
             status = st
-            tree = _proctree()
-            for sig in (signal.SIGSTOP, signal.SIGKILL):  # stopped first, so none forks past the kill
-                tree.signal_tree(os.getpid(), sig, include_root=False)
+            _proctree().kill_tree(os.getpid(), include_root=False)
     return exit_status(status)
 
 

@@ -31,13 +31,13 @@ SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys"
 IN, OUT, SCRATCH = "/grader/in", "/grader/out", "/tmp/scratch"
 SCRATCH_DIRS = ("cwd", "home", "tmp", "cache", "triton", "ext", "build")
 KEEPER = Path(__file__).resolve().with_name("keeper.py")  # runs the process without a sandbox (NoSandbox)
+NOBODY = "65534"
 
 
 def exit_code(rc: int) -> int:
     """bwrap (and the keeper) exit with 128 + N when the process inside was killed by signal N: as Popen would
     say it."""
     return -(rc - 128) if 128 < rc < 128 + 65 else rc
-NOBODY = "65534"
 
 
 class SandboxError(RuntimeError):

@@ -224,8 +224,7 @@ def launch(box, module: str, run: Path, work: Path, env: dict, limits: Limits, b
         # detached there). One that ended took its leftovers with it (keeper.py; bwrap's PID namespace). Then its
         # group.
         if proc.returncode is None:
-            for sig in (signal.SIGSTOP, signal.SIGKILL):
-                proctree.signal_tree(proc.pid, sig)
+            proctree.kill_tree(proc.pid)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

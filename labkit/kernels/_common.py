@@ -248,6 +248,15 @@ def arrival_counter(device: torch.device) -> torch.Tensor | None:
     return found
 
 
+def finish_targets(partial: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(out, counter) for a kernel that adds up its fp32 partial sums with finish_partials: a new `out` of `shape`
+    and `dtype`, and arrival_counter's counter; None while a CUDA graph is captured: launch with REDUCERS 0 then,
+    and add them up with sum_partials."""
+    counter = arrival_counter(partial.device)
+    return None if counter is None else (torch.empty(shape, dtype=dtype, device=partial.device), counter)
+
+
 def sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(T, N) sums over the middle dim of fp32 `partial` (T, P, N), rounded once to `dtype`.
 

@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from labkit import compat
-from labkit.kernels._common import (INTERPRETED, Launcher, PlanCache, arrival_counter, builds_graph,
-                                    cdiv, check_inputs as _check, finish_partials, finish_reducers,
+from labkit.kernels._common import (INTERPRETED, Launcher, PlanCache, builds_graph, cdiv,
+                                    check_inputs as _check, finish_partials, finish_reducers, finish_targets,
                                     next_pow2, num_sms, pipeline_stages, rows_2d, sum_partials)
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -168,12 +168,13 @@ def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) ->
         return dx.view(*x.shape), torch.zeros(N, dtype=bias.dtype, device=x.device)
     grid, programs, row_tiles, meta, fused = _bwd_launch(M, N, x.dtype, x.device)
     partial = torch.empty(1, programs, N, dtype=torch.float32, device=x.device)
-    counter = arrival_counter(x.device)  # (None while a CUDA graph is captured: sum_partials adds them up)
-    dbias = partial if counter is None else torch.empty(N, dtype=bias.dtype, device=x.device)
-    _bwd.launch(grid, (dy2, x2, bias, dx, partial, dbias, partial if counter is None else counter, M, N,
-                       dy2.stride(0), x2.stride(0), N, row_tiles, programs), meta if counter is None else fused)
-    return (dx if x.dim() == 2 else dx.view(*x.shape)), (sum_partials(partial, bias.dtype)[0] if counter is None
-                                                         else dbias)
+    target = finish_targets(partial, (N,), bias.dtype)  # None while a CUDA graph is captured
+    dbias, counter = target or (partial, partial)  # (pointers a launch with REDUCERS 0 leaves alone)
+    _bwd.launch(grid, (dy2, x2, bias, dx, partial, dbias, counter, M, N, dy2.stride(0), x2.stride(0), N, row_tiles,
+                       programs), meta if target is None else fused)
+    if target is None:
+        dbias = sum_partials(partial, bias.dtype)[0]
+    return (dx if x.dim() == 2 else dx.view(*x.shape)), dbias
 
 
 class BiasGelu(torch.autograd.Function):

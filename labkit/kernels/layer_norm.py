@@ -26,8 +26,8 @@ import triton.language as tl
 
 from labkit import compat
 from labkit.kernels.cluster import rtc
-from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, Launcher, PlanCache, arrival_counter, arrive,
-                                    builds_graph, cdiv, check_inputs, finish_partials, finish_reducers, next_pow2,
+from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, Launcher, PlanCache, arrive, builds_graph, cdiv,
+                                    check_inputs, finish_partials, finish_reducers, finish_targets, next_pow2,
                                     num_sms, pipeline_stages, row_tile, rows_2d, split_exchange, split_ticket,
                                     sum_partials, wait_for)
 
@@ -341,12 +341,12 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     if plan[0] == "rows":  # whole rows; their partial sums added up in the same launch where a counter is kept
         _, grid, programs, tiles, meta, fused = plan
         partial = torch.empty(2, programs, N, dtype=torch.float32, device=device)
-        counter = arrival_counter(device)
-        if counter is not None:
-            dwb = torch.empty(2, N, dtype=weight.dtype, device=device)
-        _bwd.launch(grid, (dy2, x2, weight, mean, rstd, dx, partial, partial if dwb is None else dwb,
-                           partial if counter is None else counter, M, N, dy2.stride(0), x2.stride(0), N, tiles),
-                    meta if dwb is None else fused)
+        target = finish_targets(partial, (2, N), weight.dtype)  # None while a CUDA graph is captured
+        out, counter = target or (partial, partial)  # (pointers a launch with REDUCERS 0 leaves alone)
+        _bwd.launch(grid, (dy2, x2, weight, mean, rstd, dx, partial, out, counter, M, N, dy2.stride(0), x2.stride(0),
+                           N, tiles), meta if target is None else fused)
+        if target is not None:
+            dwb = out
     else:  # split rows: the cluster kernel where it can run, else Triton's split kernel
         partial = _backward_cluster(dy2, x2, weight, mean, rstd, dx)
         if partial is None:
