@@ -93,6 +93,24 @@ def test_bias_gelu_backward_with_many_row_tiles(dtype, fused, poison_outputs, cl
         assert kernels._common.arrival_counter(x.device).item() == 0
 
 
+def test_backward_partials_scratch_is_kept_grown_and_never_read_stale(close64):
+    # The fused backward's fp32 partials go to scratch kept with the stream's counter (no allocation a call): it
+    # grows for a larger call, stays for a smaller one, and what an earlier call left there (poisoned with NaN
+    # here) never reaches a later call's dbias.
+    x, b, dy = randn(40, 300), randn(300), randn(40, 300)
+    counter = _common.arrival_counter(x.device)
+    _common._SCRATCH.pop(id(counter), None)  # (a cache: earlier tests' larger calls may have grown it)
+    _bias_gelu_backward_matches_float64(x, b, dy, close64)
+    kept = _common._SCRATCH[id(counter)]
+    kept.fill_(float("nan"))
+    small = randn(9, 33), randn(33), randn(9, 33)
+    _bias_gelu_backward_matches_float64(*small, close64)
+    assert _common._SCRATCH[id(counter)] is kept  # smaller: the same scratch
+    big = randn(70, 2100), randn(2100), randn(70, 2100)
+    _bias_gelu_backward_matches_float64(*big, close64)
+    assert _common._SCRATCH[id(counter)].numel() > kept.numel()  # larger: grown
+
+
 def _bias_gelu_backward_matches_float64(x, b, dy, close64):
     dx, db = bias_gelu_backward(dy, x, b)
     x64, b64 = x.double().requires_grad_(), b.double().requires_grad_()

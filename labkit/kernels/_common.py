@@ -248,13 +248,26 @@ def arrival_counter(device: torch.device) -> torch.Tensor | None:
     return found
 
 
-def finish_targets(partial: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype
-                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(out, counter) for a kernel that adds up its fp32 partial sums with finish_partials: a new `out` of `shape`
-    and `dtype`, and arrival_counter's counter; None while a CUDA graph is captured: launch with REDUCERS 0 then,
-    and add them up with sum_partials."""
-    counter = arrival_counter(partial.device)
-    return None if counter is None else (torch.empty(shape, dtype=dtype, device=partial.device), counter)
+_SCRATCH: dict[int, torch.Tensor] = {}  # fp32 partials by id(counter): each stream's counter has its own
+
+
+def finish_targets(partial_shape: tuple[int, int, int], shape: tuple[int, ...], dtype: torch.dtype,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """(partial, out, counter, fused) for a kernel that adds up its fp32 partial sums (`partial_shape`: T stacks of
+    P rows of N) with finish_partials into a new `out` of `shape` and `dtype`. `partial` is scratch kept with
+    arrival_counter's counter (each launch on a stream has summed its partials before the next one starts), grown
+    to the largest backward's so far: no allocation per call (issue 39's host path). While a CUDA graph is
+    captured: a new (T, P, N) `partial`, out and counter stand-ins, fused False: launch with REDUCERS 0 then, and
+    add the partials up with sum_partials."""
+    counter = arrival_counter(device)
+    if counter is None:
+        partial = torch.empty(partial_shape, dtype=torch.float32, device=device)
+        return partial, partial, partial, False
+    T, P, N = partial_shape
+    scratch = _SCRATCH.get(id(counter))
+    if scratch is None or scratch.numel() < T * P * N:
+        scratch = _SCRATCH[id(counter)] = torch.empty(T * P * N, dtype=torch.float32, device=device)
+    return scratch, torch.empty(shape, dtype=dtype, device=device), counter, True
 
 
 def sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -167,12 +167,10 @@ def bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) ->
     if not (M and N):
         return dx.view(*x.shape), torch.zeros(N, dtype=bias.dtype, device=x.device)
     grid, programs, row_tiles, meta, fused = _bwd_launch(M, N, x.dtype, x.device)
-    partial = torch.empty(1, programs, N, dtype=torch.float32, device=x.device)
-    target = finish_targets(partial, (N,), bias.dtype)  # None while a CUDA graph is captured
-    dbias, counter = target or (partial, partial)  # (pointers a launch with REDUCERS 0 leaves alone)
+    partial, dbias, counter, summed = finish_targets((1, programs, N), (N,), bias.dtype, x.device)
     _bwd.launch(grid, (dy2, x2, bias, dx, partial, dbias, counter, M, N, dy2.stride(0), x2.stride(0), N, row_tiles,
-                       programs), meta if target is None else fused)
-    if target is None:
+                       programs), fused if summed else meta)
+    if not summed:  # a CUDA graph's capture: the partials added up by a second launch
         dbias = sum_partials(partial, bias.dtype)[0]
     return (dx if x.dim() == 2 else dx.view(*x.shape)), dbias
 

@@ -340,13 +340,10 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     dwb = None
     if plan[0] == "rows":  # whole rows; their partial sums added up in the same launch where a counter is kept
         _, grid, programs, tiles, meta, fused = plan
-        partial = torch.empty(2, programs, N, dtype=torch.float32, device=device)
-        target = finish_targets(partial, (2, N), weight.dtype)  # None while a CUDA graph is captured
-        out, counter = target or (partial, partial)  # (pointers a launch with REDUCERS 0 leaves alone)
+        partial, out, counter, summed = finish_targets((2, programs, N), (2, N), weight.dtype, device)
         _bwd.launch(grid, (dy2, x2, weight, mean, rstd, dx, partial, out, counter, M, N, dy2.stride(0), x2.stride(0),
-                           N, tiles), meta if target is None else fused)
-        if target is not None:
-            dwb = out
+                           N, tiles), fused if summed else meta)
+        dwb = out if summed else None  # (else summed below, as a CUDA graph's capture needs)
     else:  # split rows: the cluster kernel where it can run, else Triton's split kernel
         partial = _backward_cluster(dy2, x2, weight, mean, rstd, dx)
         if partial is None:

@@ -213,22 +213,33 @@ def cluster_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> 
     return CLUSTER_THREADS, 0, cluster
 
 
-def _softmax_cluster(x2: torch.Tensor, y: torch.Tensor) -> bool:
-    """Softmax of x2's rows into y by the cluster kernel; False (nothing done) where it cannot run: not a
-    Hopper GPU, rows not in whole 16-byte vectors (width, stride, start), rows too long, or no NVRTC."""
-    M, N = x2.shape
-    index = rtc.cluster_device(x2, y)
-    launch = cluster_launch(M, N, x2.dtype, x2.device) if index is not None else None
+def _cluster_plan(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple | None:
+    """(kernel, blocks, threads, 16-byte vectors a row) of the cluster kernel for M rows of N elements; None where it
+    cannot run: not a Hopper GPU, rows not whole 16-byte vectors, rows too long, or no NVRTC."""
+    per_vec = 16 // dtype.itemsize  # elements per 16-byte vector
+    if device.type != "cuda" or N % per_vec:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    launch = cluster_launch(M, N, dtype, device) if rtc.has_clusters(index) else None
     if launch is None or M * launch[2] >= 2**31:
-        return False
+        return None
     threads, staged, cluster = launch
     compiled = rtc.cluster_kernel("softmax", "softmax_cluster.cu", "softmax_cluster", index, threads * staged * 16,
                                   CLUSTER=cluster, THREADS=threads, VECS=CLUSTER_VECS, SVECS=staged,
-                                  ELEM=rtc.ELEM[x2.dtype])
-    if compiled is None:
+                                  ELEM=rtc.ELEM[dtype])
+    return None if compiled is None else (compiled[0], M * cluster, threads, N // per_vec)
+
+
+def _softmax_cluster(x2: torch.Tensor, y: torch.Tensor, plan: tuple | None = None) -> bool:
+    """Softmax of x2's rows into y (contiguous) by the cluster kernel of `plan` (_cluster_plan's, worked out here
+    if not given); False (nothing done) where it cannot run (see _cluster_plan) or x2's rows are not whole
+    16-byte vectors (stride, start)."""
+    if plan is None:
+        plan = _cluster_plan(*x2.shape, x2.dtype, x2.device)
+    if plan is None or not rtc.vector_rows(x2):
         return False
-    per_vec = 16 // x2.element_size()  # elements per 16-byte vector; y is contiguous
-    compiled[0](M * cluster, threads, x2, y, N // per_vec, x2.stride(0) // per_vec, N // per_vec)
+    kernel, blocks, threads, vecs = plan
+    kernel(blocks, threads, x2, y, vecs, x2.stride(0) * x2.element_size() // 16, vecs)
     return True
 
 
@@ -239,11 +250,12 @@ _one_pass, _online, _split = Launcher(softmax_kernel), Launcher(softmax_online_k
 
 def _plan(M: int, N: int, dtype: torch.dtype, device: torch.device, online: bool | None,
           split: bool | None) -> tuple:
-    """("split",) or (launcher, grid, constexprs and num_warps) of the one-pass or streaming kernel."""
+    """("split", _cluster_plan's) or (launcher, grid, constexprs and num_warps) of the one-pass or streaming
+    kernel."""
     if split is None:
         split = online is None and use_split(M, N, dtype, device)
     if split:
-        return ("split",)
+        return ("split", _cluster_plan(M, N, dtype, device))
     if online is None:
         online = N > MAX_FUSED_COLS[dtype]
     if not online:
@@ -268,8 +280,8 @@ def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = N
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.put(key, _plan(M, N, x.dtype, x.device, online, split))
-    if len(plan) == 1:  # split rows: the cluster kernel where it can run (alignment), else Triton's split kernel
-        if not _softmax_cluster(x2, y):
+    if len(plan) == 2:  # split rows: the cluster kernel where it can run (alignment), else Triton's split kernel
+        if plan[1] is None or not _softmax_cluster(x2, y, plan[1]):
             _softmax_split(x2, y)
     else:
         launcher, grid, meta = plan

@@ -113,17 +113,19 @@ def has_clusters(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
+def vector_rows(t: torch.Tensor) -> bool:
+    """Whether the rows of 2-D `t` are whole 16-byte vectors (width, stride and start) with a stride a 32-bit
+    count of vectors can hold, as the cluster kernels read them."""
+    size = t.element_size()
+    return not (t.stride(-1) != 1 or (t.shape[-1] * size) % 16 or (t.stride(0) * size) % 16 or t.data_ptr() % 16
+                or t.stride(0) * size >= 2**35)
+
+
 def cluster_device(*rows: torch.Tensor) -> int | None:
     """The index of the GPU holding `rows` (2-D tensors) where a cluster kernel can take them: a GPU with
-    clusters, every row in whole 16-byte vectors (width, stride and start) and its stride in 32-bit vector
-    counts; else None."""
-    if rows[0].device.type != "cuda":
+    clusters, every row in whole 16-byte vectors (vector_rows); else None."""
+    if rows[0].device.type != "cuda" or not all(map(vector_rows, rows)):
         return None
-    for t in rows:
-        size = t.element_size()
-        if (t.stride(-1) != 1 or (t.shape[-1] * size) % 16 or (t.stride(0) * size) % 16 or t.data_ptr() % 16
-                or t.stride(0) * size >= 2**35):
-            return None
     index = rows[0].device.index if rows[0].device.index is not None else torch.cuda.current_device()
     return index if has_clusters(index) else None
 
