@@ -35,7 +35,7 @@ def check_tensor(op: str, name: str, t: object, dtypes: tuple[torch.dtype, ...] 
                 f"{op}: {name} is on {t.device}, but labkit's Triton kernels run in the interpreter on the CPU "
                 f"here (labkit.setup() chose {current().device}). Move it with {name}.cpu(), or restart and call "
                 f"labkit.setup(device='cuda') before importing labkit.kernels.")
-    elif t.device.type != "cuda":
+    elif not t.is_cuda:  # (t.device.type: a device object made per call)
         raise ValueError(
             f"{op}: {name} is on {t.device}, but labkit's Triton kernels run on the GPU: "
             f"move it with {name}.to('cuda').")

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from labkit import compat
 from labkit.kernels.cluster import rtc
-from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, Launcher, PlanCache, arrive, builds_graph, cdiv,
+from labkit.kernels._common import (INTERPRETED, SPLIT_STAGES, Launcher, PlanCache, arrive, cdiv,
                                     check_tensor, next_pow2, num_sms, row_tile, rows_2d, split_exchange, split_ticket,
                                     wait_for)
 
@@ -150,7 +150,7 @@ def softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = No
     split rows go to the CUDA cluster kernel (labkit/kernels/cluster/softmax_cluster.cu) when they are 16-byte aligned.
     Differentiable: when x requires grad, the backward is dx = y * (dy - sum(dy * y)) (in PyTorch, fp32).
     """
-    if builds_graph(x):
+    if getattr(x, "requires_grad", False) and torch.is_grad_enabled():  # builds_graph(x), a call fewer
         return _softmax_apply(x, online, split)
     return _softmax(x, online, split)
 
@@ -273,13 +273,14 @@ def _softmax(x: torch.Tensor, online: bool | None = None, split: bool | None = N
         raise ValueError("softmax: x must have at least one dimension; got a 0-d tensor (use x.reshape(1)).")
     x2 = rows_2d(x)
     M, N = x2.shape
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    dtype, device = x.dtype, x.device
+    y = torch.empty(M, N, dtype=dtype, device=device)
     if not (M and N):
         return y.view(*x.shape)
-    key = (M, N, x.dtype, x.device, online, split)
+    key = (M, N, dtype, device, online, split)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS.put(key, _plan(M, N, x.dtype, x.device, online, split))
+        plan = _PLANS.put(key, _plan(M, N, dtype, device, online, split))
     if len(plan) == 2:  # split rows: the cluster kernel where it can run (alignment), else Triton's split kernel
         if plan[1] is None or not _softmax_cluster(x2, y, plan[1]):
             _softmax_split(x2, y)
