@@ -45,3 +45,22 @@ def test_the_interpreter_never_asks_for_a_cuda_kernel():
     x = torch.randn(2, 64)
     assert not sm._softmax_cluster(x, torch.empty(2, 64))
     assert ln._backward_cluster(x, x, torch.randn(64), torch.zeros(2), torch.ones(2), torch.empty(2, 64)) is None
+
+
+@pytest.mark.skipif(DEV.type != "cuda" or not rtc.has_clusters(0), reason="needs a Hopper (sm_90) GPU or newer")
+@pytest.mark.parametrize("static", [True, False])
+def test_both_launch_paths_give_the_same_result(static, monkeypatch):
+    # A compiled kernel launches through PyTorch's static launcher where this PyTorch has one, else through ctypes;
+    # each path gives the softmax of strided rows (pointers and 32-bit ints in order), bit for bit the same.
+    from labkit import kernels
+    sm = kernels.modules()["softmax"]
+    x = torch.randn(300, 40064, device=DEV)[:, 64:]
+    kept = sm.softmax(x, split=True)
+    if not static:
+        monkeypatch.setattr(rtc, "_static_launch", None)
+    elif rtc._static_launch is None:
+        pytest.skip("this PyTorch has no static launcher")
+    y = torch.full_like(kept, float("nan"))
+    sm._softmax_cluster(x, y)
+    assert torch.equal(y, kept)
+    torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), rtol=1e-5, atol=1e-9)

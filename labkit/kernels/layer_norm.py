@@ -309,14 +309,14 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 
 def _bwd_launch(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple:
-    """("split", _split_plan) for split rows, else ("rows", grid, programs, row tiles, constexprs, the same with
-    finish_partials' REDUCERS), cached."""
+    """("split", _split_plan, _cluster_plan) for split rows, else ("rows", grid, programs, row tiles, constexprs,
+    the same with finish_partials' REDUCERS), cached."""
     key = (M, N, dtype, device)
     found = _BWD_PLANS.get(key)
     if found is None:
         split = _split_plan(M, N, device)
         if split is not None:
-            found = ("split", split)
+            found = ("split", split, _cluster_plan(M, N, dtype, device))
         else:
             programs, bm, bn, warps, stages = _bwd_plan(M, N, dtype, device)
             meta = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)
@@ -345,7 +345,7 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                            N, tiles), fused if summed else meta)
         dwb = out if summed else None  # (else summed below, as a CUDA graph's capture needs)
     else:  # split rows: the cluster kernel where it can run, else Triton's split kernel
-        partial = _backward_cluster(dy2, x2, weight, mean, rstd, dx)
+        partial = None if plan[2] is None else _backward_cluster(dy2, x2, weight, mean, rstd, dx, plan[2])
         if partial is None:
             partial = _backward_split(dy2, x2, weight, mean, rstd, dx, plan[1])
     if dwb is None:
@@ -369,27 +369,41 @@ def _backward_split(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, m
     return partial
 
 
-def _backward_cluster(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
-                      rstd: torch.Tensor, dx: torch.Tensor) -> torch.Tensor | None:
-    """dx written by the cluster kernel, and its fp32 (2, clusters, N) partial sums of dweight and dbias; None
-    (nothing done) where it cannot run: not a Hopper GPU, rows not in whole 16-byte vectors, or no NVRTC."""
-    M, N = x2.shape
-    index = rtc.cluster_device(dy2, x2, dx, weight.view(1, -1))  # weight read as one row
-    threads, vecs, stages, per_sm = BWD_CLUSTER[x2.dtype]
-    per_vec = 16 // x2.element_size()  # elements per 16-byte vector
+def _cluster_plan(M: int, N: int, dtype: torch.dtype, device: torch.device) -> tuple | None:
+    """(kernel, blocks, threads, clusters, 16-byte vectors a row) of the backward's cluster kernel for M rows of N
+    elements; None where it cannot run: not a Hopper GPU, rows not whole 16-byte vectors or too long, no NVRTC."""
+    threads, vecs, stages, per_sm = BWD_CLUSTER[dtype]
+    per_vec = 16 // dtype.itemsize  # elements per 16-byte vector
     cluster = next_pow2(cdiv(N, threads * vecs * per_vec))
-    if index is None or cluster > rtc.MAX_CLUSTER:
+    if device.type != "cuda" or N % per_vec or cluster > rtc.MAX_CLUSTER:
         return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
     compiled = rtc.cluster_kernel("layer_norm backward", "layer_norm_bwd_cluster.cu", "layer_norm_bwd_cluster",
                                   index, stages * 2 * threads * vecs * 16, CLUSTER=cluster, THREADS=threads,
-                                  VECS=vecs, STAGES=stages, ELEM=rtc.ELEM[x2.dtype])
+                                  VECS=vecs, STAGES=stages, ELEM=rtc.ELEM[dtype]) if rtc.has_clusters(index) else None
     if compiled is None:
         return None
     kernel, resident = compiled
-    clusters = max(1, min(M, per_sm * num_sms(x2.device) // cluster, resident))
+    clusters = max(1, min(M, per_sm * num_sms(device) // cluster, resident))
+    return kernel, clusters * cluster, threads, clusters, N // per_vec
+
+
+def _backward_cluster(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
+                      rstd: torch.Tensor, dx: torch.Tensor, plan: tuple | None = None) -> torch.Tensor | None:
+    """dx (contiguous) written by the cluster kernel of `plan` (_cluster_plan's, worked out here if not given), and
+    its fp32 (2, clusters, N) partial sums of dweight and dbias; None (nothing done) where it cannot run (see
+    _cluster_plan) or the rows of dy2, x2 or weight are not whole 16-byte vectors (stride, start)."""
+    M, N = x2.shape
+    if plan is None:
+        plan = _cluster_plan(M, N, x2.dtype, x2.device)
+    if plan is None or not (rtc.vector_rows(dy2) and rtc.vector_rows(x2) and weight.stride(-1) == 1
+                            and weight.data_ptr() % 16 == 0):
+        return None
+    kernel, blocks, threads, clusters, vecs = plan
     partial = torch.empty(2, clusters, N, dtype=torch.float32, device=x2.device)
-    kernel(clusters * cluster, threads, dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N, N // per_vec,
-           dy2.stride(0) // per_vec, x2.stride(0) // per_vec, dx.stride(0) // per_vec)
+    to_vecs = 16 // x2.element_size()
+    kernel(blocks, threads, dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N, vecs,
+           dy2.stride(0) // to_vecs, x2.stride(0) // to_vecs, vecs)
     return partial
 
 

@@ -39,12 +39,15 @@ class Kernel:
     threads (1-D), with `shared` bytes of dynamic shared memory a block, on that GPU's current stream; tensors
     pass as their data pointers, ints as 32-bit ints.
 
-    The argument values are written into ctypes slots made at the first call (and again only when the kinds of
-    the arguments change), which the driver reads through one fixed array of pointers: no ctypes objects per
-    call (issue 39: the host path). A lock keeps two threads from filling the slots at once."""
+    It launches through PyTorch's C++ static launcher where this PyTorch has one (the launcher labkit's Triton
+    kernels take). Else the argument values are written into ctypes slots made at the first call (and again only
+    when the kinds of the arguments change), which the driver reads through one fixed array of pointers: no
+    ctypes objects per call (issue 39: the host path). A lock keeps two threads from filling the slots at once."""
 
     def __init__(self, func: ctypes.c_void_p, device_index: int, shared: int = 0):
         self.func, self.device_index, self.shared = func, device_index, shared
+        self.handle = getattr(func, "value", func)  # the CUfunction as an integer, for PyTorch's static launcher
+        self._codes: dict[tuple, str] = {}  # its argument codes ("O" a pointer, "i" an int32) by kinds of arguments
         self._lock = threading.Lock()
         self._kinds: tuple = ()
         self._slots: list = []
@@ -60,6 +63,15 @@ class Kernel:
             with torch.cuda.device(self.device_index):
                 return self(grid, block, *args)
         kinds = tuple(isinstance(a, torch.Tensor) for a in args)
+        if _static_launch is not None and isinstance(self.handle, int) and block % 32 == 0:
+            # PyTorch's C++ launcher, as labkit's Triton launches take (issue 39: a few us a call fewer than ctypes)
+            codes = self._codes.get(kinds)
+            if codes is None:
+                codes = self._codes[kinds] = "".join("O" if tensor else "i" for tensor in kinds)
+            _static_launch(self.handle, grid, 1, 1, block // 32, self.shared, codes,
+                           tuple(a.data_ptr() if tensor else a for a, tensor in zip(args, kinds)),
+                           compat.current_raw_stream(self.device_index))
+            return
         with self._lock:
             if kinds != self._kinds:
                 self._make_slots(kinds)
@@ -72,6 +84,7 @@ class Kernel:
 
 
 _current_device = compat.current_device_fn()
+_static_launch = compat.static_cuda_launch()
 
 
 @functools.lru_cache(maxsize=None)
