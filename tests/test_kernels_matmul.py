@@ -73,7 +73,7 @@ PRECISIONS = [(torch.float32, True), (torch.float16, False), (torch.bfloat16, Fa
 def tf32_flag(monkeypatch):
     """Set torch's TF32 flag (restored afterwards); small products take the TMA path on a GPU too, and TF32 takes
     it rather than the Gluon kernel (tested in test_kernels_matmul_tf32.py)."""
-    monkeypatch.setattr(mm, "TMA_MIN_MNK", 0)  # on a GPU, products below it keep the pointer kernel
+    monkeypatch.setattr(mm, "TMA_MIN_MNK", {2: 0, 4: 0})  # on a GPU, products below it keep the pointer kernel
     monkeypatch.setattr(mm, "TF32_GLUON", False)
     monkeypatch.setattr(mm, "_plans", {})
     old = torch.backends.cuda.matmul.allow_tf32

@@ -18,7 +18,7 @@ gluon_gpu = pytest.mark.skipif(not HOPPER or mm.matmul_tf32 is None,
 @pytest.fixture
 def tf32(monkeypatch):
     """TF32 on (restored afterwards); small products take the tensor-core paths on a GPU too."""
-    monkeypatch.setattr(mm, "TMA_MIN_MNK", 0)
+    monkeypatch.setattr(mm, "TMA_MIN_MNK", {2: 0, 4: 0})
     monkeypatch.setattr(mm, "_plans", {})
     old = torch.backends.cuda.matmul.allow_tf32  # (not an attribute monkeypatch can set)
     torch.backends.cuda.matmul.allow_tf32 = True
