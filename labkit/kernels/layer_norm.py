@@ -401,9 +401,9 @@ def _backward_cluster(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor,
         return None
     kernel, blocks, threads, clusters, vecs = plan
     partial = torch.empty(2, clusters, N, dtype=torch.float32, device=x2.device)
-    to_vecs = 16 // x2.element_size()
+    per_vec = 16 // x2.element_size()  # elements per 16-byte vector
     kernel(blocks, threads, dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], M, N, vecs,
-           dy2.stride(0) // to_vecs, x2.stride(0) // to_vecs, vecs)
+           dy2.stride(0) // per_vec, x2.stride(0) // per_vec, vecs)
     return partial
 
 

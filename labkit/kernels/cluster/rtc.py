@@ -134,15 +134,6 @@ def vector_rows(t: torch.Tensor) -> bool:
                 or t.stride(0) * size >= 2**35)
 
 
-def cluster_device(*rows: torch.Tensor) -> int | None:
-    """The index of the GPU holding `rows` (2-D tensors) where a cluster kernel can take them: a GPU with
-    clusters, every row in whole 16-byte vectors (vector_rows); else None."""
-    if rows[0].device.type != "cuda" or not all(map(vector_rows, rows)):
-        return None
-    index = rows[0].device.index if rows[0].device.index is not None else torch.cuda.current_device()
-    return index if has_clusters(index) else None
-
-
 @functools.lru_cache(maxsize=None)
 def cluster_kernel(op: str, file: str, name: str, device_index: int, shared: int = 0,
                    **defines: int) -> tuple[Kernel, int] | None:
