@@ -85,7 +85,7 @@ def test_attention_lse_is_log2_sum_exp2():
 
 def test_attention_bad_inputs():
     q, k, v = qkv(1, 1, 8, 64, torch.float16)
-    with pytest.raises(TypeError, match="float32.*accepted: float16, bfloat16"):
+    with pytest.raises(TypeError, match=r"float32.*float16, bfloat16. Convert it, e.g. q.to\(torch.float16\)"):
         kernels.attention(q.float(), k.float(), v.float())
     with pytest.raises(TypeError, match="share one dtype"):
         kernels.attention(q, k.bfloat16(), v)
@@ -130,3 +130,15 @@ def test_labkit_bench_attention_expands_to_four_cases():
     assert case.shape == "1x1x24x16 causal" and case.work == mod.flops(1, 1, 24, 16, causal=True, backward=True)
     assert set(case.baselines) == set(bench.baselines)
     case.triton()
+
+
+def test_attention_bench_compile_baseline_backward_runs_again(monkeypatch):
+    # The bench times a backward again and again on one kept graph (retain_graph); compile's backward with donated
+    # buffers refuses that (it failed in `labkit bench attention` on an H200, 2026-11-28). The case lets it.
+    import torch._functorch.config as functorch_config
+    monkeypatch.setattr(functorch_config, "donated_buffer", functorch_config.donated_buffer)  # restored after
+    bwd = attention_bench.bench_case("1x1x24x16", torch.bfloat16, backward=True, use_compile=True)
+    compiled = bwd["baselines"]["compile"]
+    assert compiled is not None
+    for _ in range(2):
+        assert len(compiled()) == 3

@@ -40,9 +40,10 @@ def check_tensor(op: str, name: str, t: object, dtypes: tuple[torch.dtype, ...] 
             f"{op}: {name} is on {t.device}, but labkit's Triton kernels run on the GPU: "
             f"move it with {name}.to('cuda').")
     if t.dtype not in dtypes:
+        to = "float()" if torch.float32 in dtypes else f"to(torch.{dtype_names(dtypes[:1])})"  # one it accepts
         raise TypeError(
             f"{op}: {name} has dtype {str(t.dtype).replace('torch.', '')}; accepted: {dtype_names(dtypes)}. "
-            f"Convert it, e.g. {name}.float().")
+            f"Convert it, e.g. {name}.{to}.")
     return t
 
 

@@ -61,6 +61,8 @@ def bench_case(size: str, dtype: torch.dtype = torch.bfloat16, causal: bool = Fa
     fns["naive"] = lambda q, k, v: naive(q, k, v, causal)
     if use_compile:
         compat.reset_compiled()  # each case is a new shape: start clean rather than hit the recompile limit
+        if backward:
+            compat.allow_retained_backward_in_compile()  # the timed backward calls keep the graph (grad_fn)
         compiled = torch.compile(naive, dynamic=False)
         fns["compile"] = lambda q, k, v: compiled(q, k, v, causal)
     else:
