@@ -375,12 +375,12 @@ def _cluster_plan(M: int, N: int, dtype: torch.dtype, device: torch.device) -> t
     threads, vecs, stages, per_sm = BWD_CLUSTER[dtype]
     per_vec = 16 // dtype.itemsize  # elements per 16-byte vector
     cluster = next_pow2(cdiv(N, threads * vecs * per_vec))
-    if device.type != "cuda" or N % per_vec or cluster > rtc.MAX_CLUSTER:
+    index = rtc.cluster_index(device)
+    if index is None or N % per_vec or cluster > rtc.MAX_CLUSTER:
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
     compiled = rtc.cluster_kernel("layer_norm backward", "layer_norm_bwd_cluster.cu", "layer_norm_bwd_cluster",
                                   index, stages * 2 * threads * vecs * 16, CLUSTER=cluster, THREADS=threads,
-                                  VECS=vecs, STAGES=stages, ELEM=rtc.ELEM[dtype]) if rtc.has_clusters(index) else None
+                                  VECS=vecs, STAGES=stages, ELEM=rtc.ELEM[dtype])
     if compiled is None:
         return None
     kernel, resident = compiled

@@ -217,10 +217,8 @@ def _cluster_plan(M: int, N: int, dtype: torch.dtype, device: torch.device) -> t
     """(kernel, blocks, threads, 16-byte vectors a row) of the cluster kernel for M rows of N elements; None where it
     cannot run: not a Hopper GPU, rows not whole 16-byte vectors, rows too long, or no NVRTC."""
     per_vec = 16 // dtype.itemsize  # elements per 16-byte vector
-    if device.type != "cuda" or N % per_vec:
-        return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    launch = cluster_launch(M, N, dtype, device) if rtc.has_clusters(index) else None
+    index = rtc.cluster_index(device)
+    launch = cluster_launch(M, N, dtype, device) if index is not None and N % per_vec == 0 else None
     if launch is None or M * launch[2] >= 2**31:
         return None
     threads, staged, cluster = launch

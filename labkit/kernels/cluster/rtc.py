@@ -126,6 +126,14 @@ def has_clusters(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
+def cluster_index(device: torch.device) -> int | None:
+    """The index of `device` where it is a GPU that runs thread-block clusters, else None."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index if has_clusters(index) else None
+
+
 def vector_rows(t: torch.Tensor) -> bool:
     """Whether the rows of 2-D `t` are whole 16-byte vectors (width, stride and start) with a stride a 32-bit
     count of vectors can hold, as the cluster kernels read them."""
