@@ -132,13 +132,14 @@ def test_labkit_bench_attention_expands_to_four_cases():
     case.triton()
 
 
-def test_attention_bench_compile_baseline_backward_runs_again(monkeypatch):
+def test_attention_bench_compile_baseline_backward_runs_again():
     # The bench times a backward again and again on one kept graph (retain_graph); compile's backward with donated
     # buffers refuses that (it failed in `labkit bench attention` on an H200, 2026-11-28). The case lets it.
     import torch._functorch.config as functorch_config
-    monkeypatch.setattr(functorch_config, "donated_buffer", functorch_config.donated_buffer)  # restored after
-    bwd = attention_bench.bench_case("1x1x24x16", torch.bfloat16, backward=True, use_compile=True)
-    compiled = bwd["baselines"]["compile"]
-    assert compiled is not None
-    for _ in range(2):
-        assert len(compiled()) == 3
+    # the setting is restored after (torch's own patch: pytest's monkeypatch deletes a config entry it restores)
+    with functorch_config.patch(donated_buffer=functorch_config.donated_buffer):
+        bwd = attention_bench.bench_case("1x1x24x16", torch.bfloat16, backward=True, use_compile=True)
+        compiled = bwd["baselines"]["compile"]
+        assert compiled is not None
+        for _ in range(2):
+            assert len(compiled()) == 3
