@@ -237,6 +237,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get(ENV_CACHE, Path.home() / ".cache" / "labkit"))
 
 
+def gpu_index(device: torch.device) -> int:
+    """The index of CUDA `device`: its own, or the current GPU's where it names none (torch.device("cuda"))."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def current() -> Setup:
     """The setup in force (made with defaults on first use)."""
     return _current if _current is not None else setup()

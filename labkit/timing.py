@@ -14,7 +14,7 @@ from typing import Callable, Hashable, Iterator, Mapping
 
 import torch
 
-from labkit.device import current
+from labkit.device import current, gpu_index
 from labkit.stats import HostLoad, Samples, quantile
 
 
@@ -69,7 +69,7 @@ _l2_flush: dict[int, torch.Tensor] = {}
 
 def flush_l2(device: torch.device) -> None:
     """Overwrite a 256 MiB buffer so the next kernel starts with a cold L2 cache."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = gpu_index(device)
     if index not in _l2_flush:
         _l2_flush[index] = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=device)
     _l2_flush[index].zero_()

@@ -46,12 +46,12 @@ def rows_cols(dims: tuple[int, ...]) -> tuple[int, int]:
     return (dims[0], dims[1]) if len(dims) >= 2 else (1, dims[0])
 
 
-def maybe_compile(fn, use_compile: bool):
-    """torch.compile(fn), or None when compile baselines are off."""
+def maybe_compile(fn, use_compile: bool, **options):
+    """torch.compile(fn, **options), or None when compile baselines are off."""
     if not use_compile:
         return None
     compat.allow_retained_backward_in_compile()  # the backward rows call autograd.grad(retain_graph=True)
-    return torch.compile(fn)
+    return torch.compile(fn, **options)
 
 
 def bind(fn, *args):

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from labkit import compat
-from labkit.device import current
+from labkit.device import current, gpu_index
 from labkit.kernels._launch import Launcher
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -108,7 +108,7 @@ def shared_memory(device: torch.device) -> int:
     """Bytes of shared memory one program may use on `device` (as Triton's fused-softmax tutorial reads it)."""
     if device.type != "cuda":
         return 1 << 30  # the interpreter has no limit
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = gpu_index(device)
     found = compat.max_shared_memory(index)
     return found if found is not None else torch.cuda.get_device_properties(index).shared_memory_per_block_optin
 
@@ -239,7 +239,7 @@ def arrival_counter(device: torch.device) -> torch.Tensor | None:
     if device.type == "cuda":
         if _capturing():
             return None
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = gpu_index(device)
         key = (index, compat.current_raw_stream(index))
     else:
         key = (-1, 0)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit import compat
-from labkit.kernels._bench import BenchCase, Timed, grad_fn
+from labkit.kernels._bench import BenchCase, Timed, grad_fn, maybe_compile
 from labkit.kernels.attention import attention, flops, min_bytes, naive
 
 
@@ -61,12 +61,8 @@ def bench_case(size: str, dtype: torch.dtype = torch.bfloat16, causal: bool = Fa
     fns["naive"] = lambda q, k, v: naive(q, k, v, causal)
     if use_compile:
         compat.reset_compiled()  # each case is a new shape: start clean rather than hit the recompile limit
-        if backward:
-            compat.allow_retained_backward_in_compile()  # the timed backward calls keep the graph (grad_fn)
-        compiled = torch.compile(naive, dynamic=False)
-        fns["compile"] = lambda q, k, v: compiled(q, k, v, causal)
-    else:
-        fns["compile"] = None
+    compiled = maybe_compile(naive, use_compile, dynamic=False)  # (its backward may keep its graph: grad_fn)
+    fns["compile"] = (lambda q, k, v: compiled(q, k, v, causal)) if compiled is not None else None
     calls: dict[str, object] = {}
     for name, fn in fns.items():
         if fn is None:

@@ -337,19 +337,17 @@ def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         dwb = torch.zeros(2, N, dtype=weight.dtype, device=device)
         return (dx.view(*x.shape), dwb) if stacked else (dx.view(*x.shape), *dwb.unbind())
     plan = _bwd_launch(M, N, x.dtype, device)
-    dwb = None
     if plan[0] == "rows":  # whole rows; their partial sums added up in the same launch where a counter is kept
         _, grid, programs, tiles, meta, fused = plan
         partial, out, counter, summed = finish_targets((2, programs, N), (2, N), weight.dtype, device)
         _bwd.launch(grid, (dy2, x2, weight, mean, rstd, dx, partial, out, counter, M, N, dy2.stride(0), x2.stride(0),
                            N, tiles), fused if summed else meta)
-        dwb = out if summed else None  # (else summed below, as a CUDA graph's capture needs)
     else:  # split rows: the cluster kernel where it can run, else Triton's split kernel
         partial = None if plan[2] is None else _backward_cluster(dy2, x2, weight, mean, rstd, dx, plan[2])
         if partial is None:
             partial = _backward_split(dy2, x2, weight, mean, rstd, dx, plan[1])
-    if dwb is None:
-        dwb = sum_partials(partial, weight.dtype)
+        summed = False
+    dwb = out if summed else sum_partials(partial, weight.dtype)  # (a CUDA graph's capture: summed here too)
     dx = dx if x.dim() == 2 else dx.view(*x.shape)
     return (dx, dwb) if stacked else (dx, *dwb.unbind())  # (unbind: one call, not a Python loop over rows)
 

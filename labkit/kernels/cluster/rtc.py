@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from labkit import compat
+from labkit.device import gpu_index
 
 SOURCE_DIR = Path(__file__).resolve().parent
 # CUfunction_attribute values: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (dynamic shared memory past
@@ -46,7 +47,8 @@ class Kernel:
 
     def __init__(self, func: ctypes.c_void_p, device_index: int, shared: int = 0):
         self.func, self.device_index, self.shared = func, device_index, shared
-        self.handle = getattr(func, "value", func)  # the CUfunction as an integer, for PyTorch's static launcher
+        handle = getattr(func, "value", func)  # the CUfunction as an integer, for PyTorch's static launcher
+        self.handle = handle if isinstance(handle, int) else None
         self._codes: dict[tuple, str] = {}  # its argument codes ("O" a pointer, "i" an int32) by kinds of arguments
         self._lock = threading.Lock()
         self._kinds: tuple = ()
@@ -63,7 +65,7 @@ class Kernel:
             with torch.cuda.device(self.device_index):
                 return self(grid, block, *args)
         kinds = tuple(isinstance(a, torch.Tensor) for a in args)
-        if _static_launch is not None and isinstance(self.handle, int) and block % 32 == 0:
+        if _static_launch is not None and self.handle is not None and block % 32 == 0:
             # PyTorch's C++ launcher, as labkit's Triton launches take (issue 39: a few us a call fewer than ctypes)
             codes = self._codes.get(kinds)
             if codes is None:
@@ -130,7 +132,7 @@ def cluster_index(device: torch.device) -> int | None:
     """The index of `device` where it is a GPU that runs thread-block clusters, else None."""
     if device.type != "cuda":
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = gpu_index(device)
     return index if has_clusters(index) else None
 
 
