@@ -49,6 +49,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _ends(alive, within: float = 5.0) -> bool:
+    """Whether `alive()` turns false within `within` s. A SIGKILL ends a process once the kernel has run its exit,
+    which on a loaded machine can come a little after the kill returned (CI saw one still alive just after); a
+    process nobody killed runs on for its 300 s."""
+    end = time.monotonic() + within
+    while alive():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def test_a_detached_process_stays_below_the_keeper_and_ends_with_the_command(tmp_path):
     script, pid_file = tmp_path / "detach.py", tmp_path / "pid"
     script.write_text(DETACH)
@@ -58,7 +70,7 @@ def test_a_detached_process_stays_below_the_keeper_and_ends_with_the_command(tmp
     try:
         assert sleeper in proctree.below(keeper.pid)  # adopted: stopped, counted and killed with the rest
         assert keeper.wait(timeout=30) == 3  # the command's own exit code
-        assert not _alive(sleeper)  # what it left was killed when it ended
+        assert _ends(lambda: _alive(sleeper))  # what it left was killed when it ended
     finally:
         if _alive(sleeper):
             os.kill(sleeper, signal.SIGKILL)
@@ -107,7 +119,7 @@ def test_a_process_the_grader_stops_takes_what_it_detached_along(tmp_path):
     sleeper = int(pid_file.read_text())
     try:
         assert killed and "timed out" in killed
-        assert not _alive(sleeper)
+        assert _ends(lambda: _alive(sleeper))
     finally:
         if _alive(sleeper):
             os.kill(sleeper, signal.SIGKILL)
@@ -154,7 +166,7 @@ def test_a_graded_notebook_that_detaches_a_process_leaves_nothing_running(tmp_pa
     try:
         grade(GradeConfig(tmp_path / "subs", tmp_path / "out", device="cpu", only=["04_roofline"], timeout=120,
                           workers=1, memo="off", unsafe_no_sandbox=True))
-        assert not _marked(), "a process the notebook detached outlived its grading"
+        assert _ends(_marked), "a process the notebook detached outlived its grading"
         with open(tmp_path / "out" / "grades.csv", newline="") as f:
             assert [r["student"] for r in csv.DictReader(f)] == ["daemon"]
     finally:
